@@ -1,0 +1,1 @@
+"""Text environments as gymnax environments with on-device render and parse."""

@@ -1,0 +1,1 @@
+"""Template-collapse diagnostics: mutual-information proxies and gradient decomposition."""

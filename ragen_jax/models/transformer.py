@@ -1,0 +1,238 @@
+"""Decoder-only transformer (Qwen2 / Llama family) in Flax NNX.
+
+One module serves the trainer (full sequences, no cache) and the sampler (appending to a static KV
+cache); there is no second implementation to keep in sync.
+
+    logits, cache = model(tokens, valid)               # full causal forward, cache is None
+    logits, cache = model(tokens, valid, cache=cache)  # append T tokens to the cache
+    hidden, cache = model(tokens, valid, cache=cache, return_hidden=True)
+    logits = model.lm_logits(hidden)                   # float32 logits from final hidden states
+
+tokens: int32[B, T]; valid: bool[B, T] marks real tokens (padding may sit anywhere: left, right or in
+holes). RoPE positions count valid tokens only: position of token t in row b = (tokens already in the
+cache for row b) + (number of valid tokens before t), so padding never shifts positions and a
+left-padded prompt gets the same logits as the unpadded one.
+
+Block: x + Attn(RMSNorm(x)), then h + SwiGLU(RMSNorm(h)).
+Attention: grouped-query, q/k/v bias when ``cfg.qkv_bias`` (Qwen2), softmax in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ragen_jax.models.config import ModelConfig, RopeScaling
+from ragen_jax.models.kv_cache import KVCache
+
+# Large negative instead of -inf so that a query with no visible key (padding) gives a finite,
+# uniform softmax rather than NaN.
+_MASKED = -1e30
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """inv_freq_i = theta^(-2i/d) for i < d/2, with Llama-3 scaling when configured.  f32[head_dim/2]"""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    if cfg.rope_scaling is not None:
+        inv_freq = _llama3_scale(inv_freq, cfg.rope_scaling)
+    return inv_freq
+
+
+def _llama3_scale(inv_freq: jax.Array, s: RopeScaling) -> jax.Array:
+    """Llama-3 frequency scaling: long wavelengths divided by ``factor``, short kept, medium blended."""
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return jnp.where(is_medium, blended, scaled)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotate-half RoPE (the Hugging Face convention).
+
+    x: [B, heads, T, D]; positions: int32[B, T]; inv_freq: f32[D/2].
+    x' = x * cos(p * f) + rotate_half(x) * sin(p * f), rotate_half([a, b]) = [-b, a].
+    """
+    angles = positions[:, None, :, None].astype(jnp.float32) * inv_freq  # [B, 1, T, D/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), computed in float32."""
+
+    def __init__(self, dim: int, eps: float, param_dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.weight[...].astype(jnp.float32) * normed).astype(x.dtype)
+
+
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        d_in, d_out, use_bias=bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+        kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
+    )
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = _linear(cfg, d, h * hd, cfg.qkv_bias, rngs)
+        self.k_proj = _linear(cfg, d, kv * hd, cfg.qkv_bias, rngs)
+        self.v_proj = _linear(cfg, d, kv * hd, cfg.qkv_bias, rngs)
+        self.o_proj = _linear(cfg, h * hd, d, False, rngs)
+
+    def __call__(self, x, positions, inv_freq, keys_fn):
+        """x: [B, T, d]; positions: int32[B, T]; keys_fn(k_new, v_new) -> (k, v, mask).
+
+        k_new/v_new: [B, Hkv, T, D]; k/v: [B, Hkv, S, D]; mask: bool[B, T, S] (query t sees key s).
+        """
+        cfg = self.cfg
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+        k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
+        k, v, mask = keys_fn(k, v)
+
+        groups = cfg.num_heads // cfg.num_kv_heads
+        q = q.reshape(b, cfg.num_kv_heads, groups, t, cfg.head_dim)
+        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores / math.sqrt(cfg.head_dim)
+        scores = jnp.where(mask[:, None, None], scores, _MASKED)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+        out = out.reshape(b, cfg.num_heads, t, cfg.head_dim).transpose(0, 2, 1, 3)
+        return self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim))
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.gate_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
+        self.up_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
+        self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.weight_dtype)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.weight_dtype)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, inv_freq, keys_fn):
+        x = x + self.attn(self.input_norm(x), positions, inv_freq, keys_fn)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class Transformer(nnx.Module):
+    """The decoder. See the module docstring for the call contract."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(
+            cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+            embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
+        )
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.weight_dtype)
+        if not cfg.tie_embeddings:
+            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
+
+    def lm_logits(self, hidden: jax.Array) -> jax.Array:
+        """float32 logits [..., V] from final (normed) hidden states [..., d]."""
+        if self.cfg.tie_embeddings:
+            w = self.embed.embedding[...].astype(self.cfg.compute_dtype)
+            return jnp.einsum("...d,vd->...v", hidden, w, preferred_element_type=jnp.float32)
+        w = self.lm_head.kernel[...].astype(self.cfg.compute_dtype)
+        return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        valid: jax.Array,
+        cache: KVCache | None = None,
+        *,
+        return_hidden: bool = False,
+        kv_len: int | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Logits f32[B, T, V] (or final hidden [B, T, d]) and the updated cache (None without one).
+
+        kv_len (static, cache only): attend to cache slots [0, kv_len) only. A caller that knows the
+        filled part of the cache is shorter than its capacity uses it to skip the empty tail; it must
+        be >= end + T.
+        """
+        valid = valid.astype(bool)
+        base = jnp.zeros(tokens.shape[:1], jnp.int32) if cache is None else cache.next_pos
+        positions = base[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+        positions = jnp.maximum(positions, 0)
+        inv_freq = rope_inv_freq(self.cfg)
+        x = self.embed(tokens)
+
+        if cache is None:
+            t = tokens.shape[1]
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            mask = causal[None] & valid[:, None, :]
+            for layer in self.layers:
+                x = layer(x, positions, inv_freq, lambda k, v: (k, v, mask))
+            new_cache = None
+        else:
+            x, new_cache = self._cached_layers(x, positions, inv_freq, valid, cache, kv_len)
+
+        hidden = self.final_norm(x)
+        if return_hidden:
+            return hidden, new_cache
+        return self.lm_logits(hidden), new_cache
+
+    def _cached_layers(self, x, positions, inv_freq, valid, cache: KVCache, kv_len):
+        t = x.shape[1]
+        span = cache.max_len if kv_len is None else kv_len
+        slot_valid = jax.lax.dynamic_update_slice(cache.slot_valid, valid, (0, cache.end))
+        query_slot = cache.end + jnp.arange(t)
+        key_slot = jnp.arange(span)
+        mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :span]
+        k_all, v_all = cache.k, cache.v
+        for i, layer in enumerate(self.layers):
+
+            def keys_fn(k_new, v_new, i=i):
+                nonlocal k_all, v_all
+                k_layer = jax.lax.dynamic_update_slice(
+                    k_all[i], k_new.astype(k_all.dtype), (0, 0, cache.end, 0))
+                v_layer = jax.lax.dynamic_update_slice(
+                    v_all[i], v_new.astype(v_all.dtype), (0, 0, cache.end, 0))
+                k_all = k_all.at[i].set(k_layer)
+                v_all = v_all.at[i].set(v_layer)
+                return k_layer[:, :, :span], v_layer[:, :, :span], mask
+
+            x = layer(x, positions, inv_freq, keys_fn)
+        new_cache = KVCache(
+            k=k_all,
+            v=v_all,
+            slot_valid=slot_valid,
+            end=cache.end + t,
+            next_pos=cache.next_pos + jnp.sum(valid, axis=1, dtype=jnp.int32),
+        )
+        return x, new_cache

@@ -1,0 +1,1 @@
+"""RL math as pure functions over arrays: advantages, losses, SNR-Aware Filtering."""
