@@ -1,0 +1,153 @@
+"""RAGEN-2's defaults (config/base.yaml + the verl defaults it inherits), as an ml_collections config.
+
+Every key any part of ragen_jax reads has its default here; task files (configs/<task>.py) start from
+``get_config()`` and change only what differs. Override anything on the command line:
+
+    python -m ragen_jax.main --config=configs/sokoban.py --config.trainer.total_steps=50
+
+The paper's filter setting is one flag away: ``--config.filter.value=0.9`` (top-p 0.9, linear mode,
+as RAGEN's README recommends); the main table used softmax mode: add ``--config.filter.top_p_mode=softmax``.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.mode = "train"  # train | eval | sft
+    c.run_dir = ""  # default: runs/<env.name>-<algorithm.name>-seed<seed>
+    c.init = "random"  # random | sft (warm start from the cached supervised checkpoint) | a checkpoint dir
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "qwen2.5-3b"  # RAGEN-2's default model size; task files pick "tiny" for CPU
+    c.model.hf_path = ""  # a local Hugging Face checkpoint dir (config.json, safetensors, tokenizer.json)
+    c.model.gguf_path = ""  # a local .gguf file (Llama-family)
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    c.model.tokenizer = "char"  # char | hf (taken from hf_path)
+    c.model.chat_style = "qwen"  # qwen (ChatML) | llama3
+
+    c.env = ml_collections.ConfigDict()
+    c.env.name = "sokoban"
+    c.env.prompt_style = "ragen"  # ragen (RAGEN-2's texts) | compact (short texts for the tiny default)
+    c.env.max_actions_per_turn = 2
+    c.env.max_actions_per_episode = 10
+    c.env.success_rate = 1.0  # FrozenLake: probability the intended move happens (main table: 1.0)
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.mode = "fused"  # fused (envs on device) | host (envs stepped in Python)
+    c.rollout.n_groups = 8  # prompt groups per step (one env seed each)
+    c.rollout.group_size = 16  # samples per group
+    c.rollout.max_turns = 5
+    c.rollout.max_new_tokens = 400  # per turn
+    c.rollout.temperature = 1.0
+    c.rollout.context_mode = "full"  # full | limited
+    c.rollout.context_window = 2  # turns kept in limited mode
+    c.rollout.train_seed = 10000
+    c.rollout.format_penalty = -0.1
+
+    c.validation = ml_collections.ConfigDict()
+    c.validation.every = 10  # steps; also before training
+    c.validation.episodes = 512
+    c.validation.seed = 123
+    c.validation.temperature = 0.5
+    c.validation.greedy = False
+
+    c.algorithm = ml_collections.ConfigDict()
+    c.algorithm.name = "ppo"  # preset: ppo | grpo | drgrpo | dapo (see apply_algorithm_preset)
+    c.algorithm.adv_estimator = "gae"  # gae | grpo | rloo
+    c.algorithm.gamma = 1.0
+    c.algorithm.lam = 1.0
+    c.algorithm.bi_level_gae = False
+    c.algorithm.high_level_gamma = 0.95
+    c.algorithm.norm_adv_by_std = True  # GRPO; False = Dr.GRPO
+    c.algorithm.clip_ratio_low = 0.2
+    c.algorithm.clip_ratio_high = 0.28
+    c.algorithm.clip_ratio_c = 3.0  # dual clip
+    c.algorithm.entropy_coeff = 0.001
+    c.algorithm.use_kl_loss = False
+    c.algorithm.kl_coeff = 0.001
+    c.algorithm.kl_type = "low_var_kl"  # kl (k1) | mse (k2) | low_var_kl (k3)
+    c.algorithm.loss_agg_mode = "token-mean"
+    c.algorithm.value_clip = 0.5
+    c.algorithm.ppo_epochs = 1
+    c.algorithm.mini_batch_size = 32
+    c.algorithm.micro_batch_size = 8
+
+    c.filter = ml_collections.ConfigDict()
+    c.filter.metric = "reward_std"  # reward_std | reward_var | reward_mean | reward_sum
+    c.filter.strategy = "top_p"  # top_p | top_k | top_k_abs | min_p
+    c.filter.value = 1.0  # 1.0 with include_zero = no filtering (RAGEN's default)
+    c.filter.top_p_mode = "linear"  # linear | softmax
+    c.filter.include_zero = True
+    c.filter.eps = 0.01
+    c.filter.largest = True
+    c.filter.soft_reweight = False
+    c.filter.loss_scaling = "none"  # none | linear | sqrt
+    c.filter.empty_stop_steps = 5
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.actor_lr = 1e-6
+    c.optim.critic_lr = 1e-5
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.999
+    c.optim.weight_decay = 0.01
+    c.optim.grad_clip = 1.0
+
+    c.mi = ml_collections.ConfigDict()
+    c.mi.enabled = True
+    c.mi.every = 5  # and at step 1
+    c.mi.num_samples = 64
+    c.mi.first_turn = True
+    c.mi.trajectory = True
+    c.mi.ema_decay = 0.9
+    c.mi.std_eps = 1e-3
+
+    c.trainer = ml_collections.ConfigDict()
+    c.trainer.total_steps = 400
+    c.trainer.checkpoint_every = 100
+    c.trainer.keep_checkpoints = 3
+    c.trainer.log_every = 1
+    c.trainer.sample_every = 10  # log sample conversations as text
+    c.trainer.max_nonfinite_in_a_row = 3
+    c.trainer.rv_collapse_baseline_steps = 10
+    c.trainer.rv_collapse_window = 10
+    c.trainer.rv_collapse_ratio = 0.1
+    c.trainer.low_val_success = 0.01
+    c.trainer.low_val_patience = 5
+    c.trainer.progress = True
+
+    c.sft = ml_collections.ConfigDict()
+    c.sft.demos = 2048
+    c.sft.noisy_fraction = 0.3
+    c.sft.steps = 300
+    c.sft.batch_size = 32
+    c.sft.lr = 1e-3
+    c.sft.cache_dir = "runs/sft_cache"
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+    c.mesh.distributed = "auto"  # auto (TPU pods) | on | off
+    return c
+
+
+ALGORITHM_PRESETS = {
+    # RAGEN-2 main table (scripts/runs/run_main_table_diff_algo.sh).
+    "ppo": dict(adv_estimator="gae", loss_agg_mode="token-mean"),
+    "dapo": dict(adv_estimator="gae", loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28),
+    "grpo": dict(adv_estimator="grpo", norm_adv_by_std=True, loss_agg_mode="seq-mean-token-mean"),
+    "drgrpo": dict(adv_estimator="grpo", norm_adv_by_std=False, loss_agg_mode="seq-mean-token-sum"),
+}
+
+
+def apply_algorithm_preset(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """Set ``config.algorithm`` to the named main-table preset (ppo | grpo | drgrpo | dapo)."""
+    if name not in ALGORITHM_PRESETS:
+        raise ValueError(f"unknown algorithm preset {name!r}; known: {sorted(ALGORITHM_PRESETS)}")
+    config.algorithm.name = name
+    config.algorithm.update(ALGORITHM_PRESETS[name])
+    return config

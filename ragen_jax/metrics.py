@@ -1,0 +1,114 @@
+"""Run logging: one JSON line per step, TensorBoard event files, sample texts and a progress bar.
+
+Only process 0 writes (``MetricsWriter(..., enabled=jax.process_index() == 0)``); every other process
+gets a writer whose methods do nothing, so call sites need no ``if``.
+
+Files in the run directory:
+    metrics.jsonl        {"step": s, "time": unix seconds, <metric>: float, ...} per line
+    tb/                  TensorBoard events (scalars under the same names)
+    samples.txt          sample conversations, each headed by its step
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Mapping
+
+import numpy as np
+
+try:  # TensorBoard events without TensorFlow.
+    from tensorboardX import SummaryWriter
+except ImportError:  # pragma: no cover - tensorboardX is in requirements.txt
+    SummaryWriter = None
+
+
+def to_scalars(metrics: Mapping) -> dict[str, float]:
+    """Flatten device/numpy scalars to Python floats (non-finite values become None in JSON)."""
+    out = {}
+    for key, value in metrics.items():
+        arr = np.asarray(value)
+        if arr.size != 1:
+            continue
+        out[key] = float(arr.reshape(()))
+    return out
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """All rows of ``metrics.jsonl`` (later rows for the same step replace earlier ones, e.g. after a resume)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    rows: dict[int, dict] = {}
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                row = json.loads(line)
+                rows[int(row["step"])] = row
+    return [rows[s] for s in sorted(rows)]
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: str, *, enabled: bool = True, tensorboard: bool = True):
+        self.run_dir = run_dir
+        self.enabled = enabled
+        self._tb = None
+        if not enabled:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        self._jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1)
+        if tensorboard and SummaryWriter is not None:
+            self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+
+    def write(self, step: int, metrics: Mapping) -> dict[str, float]:
+        scalars = to_scalars(metrics)
+        if not self.enabled:
+            return scalars
+        row = {"step": int(step), "time": time.time()}
+        row.update({k: (v if math.isfinite(v) else None) for k, v in scalars.items()})
+        self._jsonl.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for key, value in scalars.items():
+                if math.isfinite(value):
+                    self._tb.add_scalar(key, value, int(step))
+        return scalars
+
+    def write_text(self, step: int, title: str, text: str) -> None:
+        if not self.enabled:
+            return
+        with open(os.path.join(self.run_dir, "samples.txt"), "a") as f:
+            f.write(f"===== step {step}: {title} =====\n{text}\n\n")
+        if self._tb is not None:
+            self._tb.add_text(title, text.replace("\n", "  \n"), int(step))
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Progress:
+    """A one-line progress display: step, rate, ETA and a few key numbers (no-op when disabled)."""
+
+    def __init__(self, total: int, start: int = 0, *, enabled: bool = True, keys: tuple[str, ...] = ()):
+        self.total, self.start, self.enabled, self.keys = total, start, enabled, keys
+        self._t0 = time.time()
+
+    def update(self, step: int, scalars: Mapping[str, float]) -> str:
+        done = step - self.start
+        elapsed = time.time() - self._t0
+        rate = elapsed / max(done, 1)
+        eta = rate * (self.total - step)
+        parts = [f"step {step}/{self.total}", f"{rate:.1f}s/step", f"eta {eta / 60:.1f}min"]
+        for key in self.keys:
+            if key in scalars:
+                parts.append(f"{key.split('/')[-1]}={scalars[key]:.3g}")
+        line = " | ".join(parts)
+        if self.enabled:
+            print(line, flush=True)
+        return line

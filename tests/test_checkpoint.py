@@ -1,0 +1,65 @@
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ragen_jax.checkpoint import Checkpointer, NonFiniteCheckpointError, PreemptionGuard
+
+
+def _state(x):
+    return {"params": {"w": jnp.full((3, 2), x, jnp.float32), "b": jnp.arange(4.0) * x},
+            "rng": jax.random.key_data(jax.random.key(int(x))), "step": jnp.asarray(int(x), jnp.int32)}
+
+
+def test_save_restore_keeps_last_k_and_restores_exactly(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), keep=2)
+    for step in (1, 2, 3):
+        ckpt.save(step, _state(float(step)), {"step": step, "seed_counter": 10 * step})
+    assert ckpt.all_steps() == [2, 3] and ckpt.latest_step() == 3
+    state, meta, step = ckpt.restore(_state(0.0))
+    assert step == 3 and meta == {"step": 3, "seed_counter": 30}
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(_state(3.0))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    old, _, _ = ckpt.restore(_state(0.0), step=2)
+    assert float(old["params"]["w"][0, 0]) == 2.0
+    ckpt.close()
+
+
+def test_refuses_nan_and_keeps_previous(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"))
+    ckpt.save(1, _state(1.0), {"step": 1})
+    bad = _state(2.0)
+    bad["params"]["w"] = bad["params"]["w"].at[0, 0].set(jnp.nan)
+    with pytest.raises(NonFiniteCheckpointError, match=r"\['params'\]\['w'\]"):
+        ckpt.save(2, bad, {"step": 2})
+    assert ckpt.all_steps() == [1]
+
+
+def test_half_written_checkpoint_is_never_picked_up(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"))
+    ckpt.save(1, _state(1.0), {"step": 1})
+    ckpt.close()
+    # What an interrupted orbax save leaves behind: a temporary directory for step 2.
+    os.makedirs(tmp_path / "ckpt" / "2.orbax-checkpoint-tmp-123" / "state")
+    again = Checkpointer(str(tmp_path / "ckpt"))
+    assert again.latest_step() == 1
+    state, meta, step = again.restore(_state(0.0))
+    assert step == 1 and meta["step"] == 1
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        Checkpointer(str(tmp_path / "empty")).restore(_state(0.0))
+
+
+def test_preemption_guard_turns_sigterm_into_a_flag():
+    guard = PreemptionGuard()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert guard.requested
+    finally:
+        guard.close()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
