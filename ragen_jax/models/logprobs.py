@@ -54,6 +54,9 @@ def chunked_token_logprobs(
     hidden_c = hidden_p.reshape(b, n_chunks, chunk, d).swapaxes(0, 1)
     targets_c = targets_p.reshape(b, n_chunks, chunk).swapaxes(0, 1)
 
+    # Rematerialise each chunk's logits in the backward pass; otherwise autodiff keeps every
+    # [B, chunk, V] block alive and the chunking saves no memory when training.
+    @jax.checkpoint
     def one_chunk(args):
         h, t = args
         return logprobs_from_logits(lm_logits(h), t, temperature)
