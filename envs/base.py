@@ -1,0 +1,298 @@
+"""The environment contract of ragen_jax: a gymnax ``Environment`` plus an on-device text layer.
+
+Environment (gymnax 1.0.1 API)
+------------------------------
+Every env subclasses ``TextEnv`` (a ``gymnax.environments.environment.Environment``) and defines:
+  - ``EnvParams``: frozen ``flax.struct`` dataclass deriving from ``TextEnvParams`` (field
+    ``max_actions``: the per-episode action budget, RAGEN's ``max_actions_per_traj``); shape-defining
+    fields are ``struct.field(pytree_node=False)``.
+  - ``EnvState``: ``flax.struct`` dataclass deriving from ``TextEnvState`` (fields ``time``: actions
+    executed so far, ``terminated``: the env ended the episode, ``success``).
+  - ``reset_env(key, params) -> (obs, state)`` and ``step_env(key, state, action, params) ->
+    (obs, state, reward f32[], terminated bool[], info)``; ``action`` is RAGEN's action id (ids start
+    at 1; 0 and any id outside the action set are invalid: no-op, reward 0, ``time`` unchanged).
+    ``step_env`` must increment ``time`` for valid actions and keep a terminated state unchanged.
+  - ``action_lookup`` (dict id -> name, RAGEN's ``ACTION_LOOKUP``), ``reward_decimals`` (how the
+    "Reward:" line prints rewards), ``default_max_response_tokens`` (RAGEN ``max_tokens``),
+    ``instruction_text(params, style)``, ``symbol_legend()``, ``render_state_text(state, params)`` (host,
+    one state) and ``render_state_items(state, params, fragments)`` (device, same text, see ``text.py``).
+gymnax's inherited ``step`` AUTO-RESETS finished episodes (and reports truncation at ``max_actions``);
+that is for classic vectorised RL only. Multi-turn rollouts must call ``step_env`` / ``step_turn``, which
+never reset: a finished episode stays finished.
+
+Text layer
+----------
+``env.text_layer(tokenizer, params, prompt_style="ragen"|"compact", max_actions_per_turn=2,
+max_response_tokens=None) -> TextLayer`` builds the token tables once on the host. ``TextLayer``:
+  - ``system_text() -> str``, ``system_tokens() -> int32 ndarray`` (host; static per layer)
+  - ``render(state) -> (int32[obs_len], length)`` device; ``render_text(state) -> str`` host (same text)
+  - ``render_turn(state, turn, warning=False) -> (int32[turn_len], length)`` / ``turn_text(...)``: the
+    whole user turn ("\\nTurn k:\\nState:\\n{obs}\\n... You have N actions left. ...")
+  - ``render_reward(reward) -> (int32[L], length)`` / ``reward_text(reward)``: "Reward:\\n{r}\\n"
+  - ``parse(tokens int32[R], length, state=None) -> Parsed`` (actions int32[K], n_valid, n_parsed,
+    matched, format_ok); ``state`` is needed only by envs whose action names depend on the state (Bandit).
+    Cost knobs (static): ``bytes_per_token`` (default 4) caps the response at R * min(W, 4) bytes (a longer
+    response is read as if cut there); ``answer_window`` (default 64) reads at most that many answer
+    bytes; pieces closed by "||" inside it are exact, and an answer cut before K pieces are known is an
+    invalid turn (never credited). ``None`` for both = exact RAGEN semantics for any response (the tests check that mode).
+  - ``step_turn(key, state, parsed, params=None) -> (state, turn_reward f32[], done bool[], info)`` with
+    info = {"success", "n_executed", "format_ok", "actions_left"}.
+All device methods are jit/vmap-able. Free-text envs (Countdown) override ``TextEnv.parse_bytes``
+(returning any struct with ``n_valid``, ``n_parsed``, ``format_ok``) and ``TextEnv.step_turn``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import environment
+
+from envs import prompts
+from envs.text import (
+    ActionVocab,
+    Dynamic,
+    Parsed,
+    ResponseBytes,
+    Static,
+    TokenFragments,
+    assemble,
+    format_fixed,
+    parse_actions,
+)
+from ragen_jax.models.tokenizers import Tokenizer
+
+
+@struct.dataclass
+class TextEnvParams:
+    max_actions: int = 10
+
+
+@struct.dataclass
+class TextEnvState:
+    time: jax.Array
+    terminated: jax.Array
+    success: jax.Array
+
+
+def _select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+class TextEnv(environment.Environment):
+    """Base class: gymnax env + the generic multi-action turn and the text layer factory."""
+
+    action_lookup: dict[int, str] = {}
+    reward_decimals: int = 1
+    default_max_response_tokens: int = 100
+    # Whether the system prompt lists the actions (RAGEN: envs whose config has an action_lookup).
+    list_actions_in_system: bool = True
+
+    # ----- contract pieces each env provides -------------------------------------------------------
+    def instruction_text(self, params: Any, style: str) -> str:
+        raise NotImplementedError
+
+    def symbol_legend(self) -> Sequence[tuple[str, str]] | None:
+        return None
+
+    def render_state_text(self, state: Any, params: Any) -> str:
+        raise NotImplementedError
+
+    def render_state_items(self, state: Any, params: Any, frags: TokenFragments) -> list[Static | Dynamic]:
+        raise NotImplementedError
+
+    # ----- generic parts ----------------------------------------------------------------------------
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        return tuple(self.action_lookup[i] for i in sorted(self.action_lookup))
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.action_lookup)
+
+    def max_actions_per_episode(self, params: Any) -> int:
+        return int(params.max_actions)
+
+    def action_vocab(self) -> ActionVocab:
+        ids = tuple(sorted(self.action_lookup))
+        return ActionVocab(tuple(self.action_lookup[i] for i in ids), ids)
+
+    def is_truncated(self, state: Any, params: Any) -> jax.Array:
+        return state.time >= params.max_actions
+
+    def is_terminated(self, state: Any, params: Any) -> jax.Array:
+        return state.terminated
+
+    def parse_bytes(
+        self, buf: jax.Array, n: jax.Array, state: Any, params: Any, max_actions: int, answer_window: int | None = None
+    ) -> Parsed:
+        """Response bytes -> Parsed (RAGEN pipeline with this env's action names)."""
+        del state, params
+        return parse_actions(buf, n, self.action_vocab(), max_actions, answer_window)
+
+    def step_turn(self, key: jax.Array, state: Any, parsed: Parsed, params: Any) -> tuple[Any, jax.Array, jax.Array, dict]:
+        """Apply parsed.actions[:n_valid] in order; stop at done or when the action budget is spent.
+
+        turn_reward = sum of the executed actions' rewards; done = terminated or time >= max_actions.
+        The state is unchanged when n_valid == 0 (or the episode was already done).
+        """
+        num = parsed.actions.shape[0]
+        keys = jax.random.split(key, num)
+
+        def apply_one(carry, inputs):
+            cur, total, executed = carry
+            step_key, action, slot = inputs
+            live = (slot < parsed.n_valid) & ~cur.terminated & (cur.time < params.max_actions)
+            _, nxt, reward, _, _ = self.step_env(step_key, cur, action, params)
+            cur = _select(live, nxt, cur)
+            total = total + jnp.where(live, reward, 0.0).astype(jnp.float32)
+            return (cur, total, executed + live.astype(jnp.int32)), None
+
+        init = (state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+        (state, total, executed), _ = jax.lax.scan(
+            apply_one, init, (keys, parsed.actions, jnp.arange(num))
+        )
+        done = state.terminated | (state.time >= params.max_actions)
+        info = {
+            "success": state.success,
+            "n_executed": executed,
+            "format_ok": parsed.format_ok,
+            "actions_left": (params.max_actions - state.time).astype(jnp.int32),
+        }
+        return state, total, done, info
+
+    def text_layer(
+        self,
+        tokenizer: Tokenizer,
+        params: Any = None,
+        prompt_style: str = "ragen",
+        max_actions_per_turn: int = 2,
+        max_response_tokens: int | None = None,
+        bytes_per_token: int | None = 4,
+        answer_window: int | None = 64,
+    ) -> "TextLayer":
+        return TextLayer(
+            self,
+            tokenizer,
+            self.default_params if params is None else params,
+            prompt_style,
+            max_actions_per_turn,
+            self.default_max_response_tokens if max_response_tokens is None else max_response_tokens,
+            bytes_per_token,
+            answer_window,
+        )
+
+
+def to_host(state: Any) -> Any:
+    """A single (unbatched) state as numpy arrays, for host-side text rendering."""
+    return jax.tree.map(np.asarray, state)
+
+
+class TextLayer:
+    """Token tables for one (env, tokenizer, params, prompt style); see the module docstring."""
+
+    def __init__(
+        self,
+        env: TextEnv,
+        tokenizer: Tokenizer,
+        params: Any,
+        prompt_style: str,
+        max_actions_per_turn: int,
+        max_response_tokens: int,
+        bytes_per_token: int | None = 4,
+        answer_window: int | None = 64,
+    ) -> None:
+        if max_actions_per_turn < 1:
+            raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
+        self.env = env
+        self.tokenizer = tokenizer
+        self.params = params
+        self.style_name = prompt_style
+        self.style = prompts.get_style(prompt_style)
+        self.max_actions_per_turn = max_actions_per_turn
+        self.max_response_tokens = max_response_tokens
+        self.bytes_per_token = bytes_per_token
+        self.answer_window = answer_window
+        self.response_bytes = ResponseBytes.from_tokenizer(tokenizer)
+        self.fragments = TokenFragments(tokenizer)
+        self._turn_digits = 3
+        self._budget_digits = max(1, len(str(int(params.max_actions))))
+        self._reward_int_digits = 6
+
+    # ----- host text ----------------------------------------------------------------------------------
+    def system_text(self) -> str:
+        return prompts.system_text(
+            self.style,
+            self.env.instruction_text(self.params, self.style_name),
+            self.env.symbol_legend(),
+            self.env.action_names if self.env.list_actions_in_system else None,
+            self.env.max_actions_per_episode(self.params),
+        )
+
+    def system_tokens(self) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(self.system_text()), np.int32)
+
+    def render_text(self, state: Any) -> str:
+        return self.env.render_state_text(to_host(state), self.params)
+
+    def turn_text(self, state: Any, turn: int, warning: bool = False) -> str:
+        host = to_host(state)
+        left = int(self.params.max_actions) - int(host.time)
+        return prompts.turn_text(self.style, turn, self.render_text(state), left, self.max_response_tokens, warning)
+
+    def reward_text(self, reward: float) -> str:
+        return prompts.reward_text(self.style, format_fixed(float(reward), self.env.reward_decimals))
+
+    # ----- device rendering -------------------------------------------------------------------------
+    def _obs_items(self, state: Any) -> list[Static | Dynamic]:
+        return self.env.render_state_items(state, self.params, self.fragments)
+
+    def render(self, state: Any) -> tuple[jax.Array, jax.Array]:
+        """The observation text of ``state`` as (tokens int32[obs_len], length int32[])."""
+        return assemble(self._obs_items(state), self.tokenizer.pad_id)
+
+    def render_turn(self, state: Any, turn: jax.Array, warning: jax.Array | bool = False) -> tuple[jax.Array, jax.Array]:
+        """The whole user turn (``turn_text``) as (tokens int32[turn_len], length)."""
+        f, s = self.fragments, self.style
+        left = self.params.max_actions - state.time
+        items: list[Static | Dynamic] = [
+            f.static(s.turn_prefix), f.int_items(turn, self._turn_digits), f.static(s.turn_after_number),
+            *self._obs_items(state), f.static(s.turn_after_obs), f.optional(s.warning, jnp.asarray(warning)),
+            f.static(s.actions_left_prefix), f.int_items(left, self._budget_digits + 1),
+            f.static(s.actions_left_suffix),
+        ]
+        if s.show_max_tokens:
+            items.append(f.static(str(self.max_response_tokens)))
+        items.append(f.static(s.turn_suffix))
+        return assemble(items, self.tokenizer.pad_id)
+
+    def render_reward(self, reward: jax.Array) -> tuple[jax.Array, jax.Array]:
+        f, s = self.fragments, self.style
+        items = [
+            f.static(s.reward_prefix),
+            f.fixed_items(reward, self.env.reward_decimals, self._reward_int_digits),
+            f.static(s.reward_suffix),
+        ]
+        return assemble(items, self.tokenizer.pad_id)
+
+    @property
+    def obs_len(self) -> int:
+        """Static length of ``render``'s token buffer."""
+        state = jax.eval_shape(lambda k: self.env.reset_env(k, self.params)[1], jax.random.PRNGKey(0))
+        return int(jax.eval_shape(self.render, state)[0].shape[0])
+
+    # ----- device parsing and stepping --------------------------------------------------------------
+    def parse(self, tokens: jax.Array, length: jax.Array, state: Any = None) -> Parsed:
+        """Generated tokens (WITHOUT the prompt's trailing "<think>") -> Parsed."""
+        max_bytes = None if self.bytes_per_token is None else tokens.shape[0] * self.bytes_per_token
+        buf, n = self.response_bytes(tokens, length, max_bytes)
+        return self.env.parse_bytes(buf, n, state, self.params, self.max_actions_per_turn, self.answer_window)
+
+    def step_turn(
+        self, key: jax.Array, state: Any, parsed: Parsed, params: Any = None
+    ) -> tuple[Any, jax.Array, jax.Array, dict]:
+        """``env.step_turn`` with this layer's params unless ``params`` is given."""
+        return self.env.step_turn(key, state, parsed, self.params if params is None else params)
