@@ -33,8 +33,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.env.name = "sokoban"
     c.env.prompt_style = "ragen"  # ragen (RAGEN-2's texts) | compact (short texts for the tiny default)
     c.env.max_actions_per_turn = 2
-    c.env.max_actions_per_episode = 10
-    c.env.success_rate = 1.0  # FrozenLake: probability the intended move happens (main table: 1.0)
+    # Fields of the env's EnvParams (envs/<name>.py), e.g. max_actions (RAGEN max_actions_per_traj: 10)
+    # or FrozenLake's success_rate; task files list the ones they set.
+    c.env.params = ml_collections.ConfigDict({"max_actions": 10})
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.mode = "fused"  # fused (envs on device) | host (envs stepped in Python)
@@ -75,6 +76,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.algorithm.ppo_epochs = 1
     c.algorithm.mini_batch_size = 32
     c.algorithm.micro_batch_size = 8
+    # Use the sampler's log-probs as old log-probs (they equal the trainer's forward); True recomputes
+    # them and logs the max |sampler - recomputed| gap as a regression guard.
+    c.algorithm.recompute_old_logprobs = False
+    c.algorithm.logprob_chunk = 128  # positions per chunk of the chunked log-prob / entropy pass
 
     c.filter = ml_collections.ConfigDict()
     c.filter.metric = "reward_std"  # reward_std | reward_var | reward_mean | reward_sum
