@@ -1,5 +1,5 @@
 """``make(name, **params) -> (env, params)``, like ``gymnax.make``: the env and its ``EnvParams`` with
-the given fields replaced. Registered: "frozen_lake", "bandit"."""
+the given fields replaced. Registered: "frozen_lake", "bandit", "sokoban", "countdown"."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ from typing import Any, Callable
 
 from envs.bandit import Bandit
 from envs.base import TextEnv
+from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
+from envs.sokoban import SokobanEnv
 
 REGISTRY: dict[str, Callable[[], TextEnv]] = {
     "frozen_lake": FrozenLake,
     "bandit": Bandit,
+    "sokoban": SokobanEnv,
+    "countdown": Countdown,
 }
 
 
