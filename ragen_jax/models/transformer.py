@@ -218,14 +218,14 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
 
             def keys_fn(k_new, v_new, i=i):
+                # One dynamic_update_slice into the 5-D cache, then read layer i back: XLA updates
+                # this in place inside the decode loop. Slicing out layer i, updating it and writing it
+                # back with .at[i].set copied the whole cache several times per decode step.
                 nonlocal k_all, v_all
-                k_layer = jax.lax.dynamic_update_slice(
-                    k_all[i], k_new.astype(k_all.dtype), (0, 0, cache.end, 0))
-                v_layer = jax.lax.dynamic_update_slice(
-                    v_all[i], v_new.astype(v_all.dtype), (0, 0, cache.end, 0))
-                k_all = k_all.at[i].set(k_layer)
-                v_all = v_all.at[i].set(v_layer)
-                return k_layer[:, :, :span], v_layer[:, :, :span], mask
+                start = (i, 0, 0, cache.end, 0)
+                k_all = jax.lax.dynamic_update_slice(k_all, k_new.astype(k_all.dtype)[None], start)
+                v_all = jax.lax.dynamic_update_slice(v_all, v_new.astype(v_all.dtype)[None], start)
+                return k_all[i, :, :, :span], v_all[i, :, :, :span], mask
 
             x = layer(x, positions, inv_freq, keys_fn)
         new_cache = KVCache(
