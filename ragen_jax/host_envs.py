@@ -1,0 +1,202 @@
+"""Host envs: environments written in plain Python (text in, text out), and an adapter for TextEnvs.
+
+The protocol a host env implements (one instance = one episode row; the rollout makes B of them)::
+
+    class MyEnv:                                  # satisfies HostEnv
+        def system_text(self) -> str: ...          # the system message (same for every episode)
+        def reset(self, seed: int) -> str: ...     # the first user message ("\\nTurn 1:\\nState:...")
+        def step(self, response_text: str) -> HostStep: ...   # the generated text, without the prompt's
+                                                               # leading "<think>"
+
+``HostStep.next_user_text`` is the next user message (RAGEN: "Reward:\\n{r}\\n" + the next turn text);
+it is ignored once ``done``. The rollout adds the chat template around these messages, tokenizes them
+with ``tokenizer.encode`` and keeps prefill and decode batched on device (``host_rollout``).
+
+``TextEnvHost`` runs any on-device ``TextEnv`` this way, through its Python-side pieces only: the text
+layer's ``system_text`` / ``turn_text`` / ``reward_text``, a plain-Python ``re`` parse of RAGEN's format
+written independently of ``envs/text.py`` (``parse_response``), and the env's ``step_turn`` applied to
+one row. It is the reference the fused rollout is tested against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs.base import TextLayer
+from envs.text import Parsed
+from ragen_jax.rollout_layout import env_keys, step_key
+
+# RAGEN ctx_manager._parse_response: the response is prefixed with the prompt's "<think>".
+ANSWER_PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+REMOVED_SPECIALS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStep:
+    """What one host-env turn reports. reward: the env reward of the turn (without the format penalty);
+    format_ok: False adds the rollout's format penalty; n_valid: recognised actions (0 makes the next
+    prompt carry the warning, which the env writes into next_user_text itself); n_executed: actions run."""
+
+    reward: float
+    done: bool
+    success: bool
+    format_ok: bool
+    n_valid: int
+    n_executed: int
+    next_user_text: str
+
+
+@runtime_checkable
+class HostEnv(Protocol):
+    def system_text(self) -> str: ...
+
+    def reset(self, seed: int) -> str: ...
+
+    def step(self, response_text: str) -> HostStep: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedText:
+    """RAGEN's parse of one response: matched the format regex; the kept answer pieces (<= K)."""
+
+    matched: bool
+    pieces: tuple[str, ...]
+    complete: bool = True
+
+
+def _clean(answer: str) -> str:
+    for special in REMOVED_SPECIALS:
+        answer = answer.replace(special, "")
+    return answer
+
+
+def parse_response(response_text: str, max_actions: int, answer_window: int | None = None) -> ParsedText:
+    """RAGEN's parse: match on "<think>" + text, strip the special strings from the answer (one
+    ``str.replace`` after another), split on "||", strip, drop empty pieces, keep the first K.
+
+    answer_window (the text layer's cost knob, None = exact RAGEN): an answer of more than that many
+    UTF-8 bytes is read from its first ``answer_window`` bytes only; the pieces closed by "||" inside
+    them count, and when fewer than K such non-empty pieces exist the turn is incomplete: matched,
+    no pieces (``complete`` False), which the env scores as an invalid turn.
+    """
+    match = ANSWER_PATTERN.search("<think>" + response_text)
+    if match is None:
+        return ParsedText(False, ())
+    raw = match.group(2).encode("utf-8")
+    if answer_window is None or len(raw) <= answer_window:
+        pieces = [piece.strip() for piece in _clean(match.group(2)).split("||")]
+        return ParsedText(True, tuple(piece for piece in pieces if piece)[:max_actions])
+    window = _clean(raw[:answer_window].decode("utf-8", errors="replace"))
+    closed = [piece.strip() for piece in window.split("||")[:-1]]
+    closed = [piece for piece in closed if piece]
+    if len(closed) >= max_actions:
+        return ParsedText(True, tuple(closed[:max_actions]))
+    return ParsedText(True, (), complete=False)
+
+
+def _action_ids(names: dict[str, int], pieces: Sequence[str]) -> list[int]:
+    """Map pieces with str.lower() through the name table; unknown pieces are dropped."""
+    return [names[piece.lower()] for piece in pieces if piece.lower() in names]
+
+
+class TextEnvHost:
+    """One episode of an on-device ``TextEnv`` driven from the host (text in, text out).
+
+    Keys follow ``rollout_layout``: reset from ``env_keys(seed)``, each turn from the number of actions
+    executed so far, so a row reproduces the fused rollout's env randomness exactly.
+    """
+
+    def __init__(self, layer: TextLayer, env_params: Any = None, max_new_tokens: int | None = None) -> None:
+        self.layer = layer
+        self.env = layer.env
+        self.params = layer.params if env_params is None else env_params
+        self.max_actions = layer.max_actions_per_turn
+        # The layer's response-bytes cap (R * min(W, bytes_per_token) for a response buffer of R tokens):
+        # the host driver cuts the response bytes there before decoding, as the device parse does.
+        width = int(layer.response_bytes.table.shape[1])
+        self.max_response_bytes = (
+            None if layer.bytes_per_token is None or max_new_tokens is None
+            else max_new_tokens * min(width, layer.bytes_per_token)
+        )
+        self.state: Any = None
+        self.turn = 0
+        self._step_base: Any = None
+
+    def system_text(self) -> str:
+        return self.layer.system_text()
+
+    def reset(self, seed: int) -> str:
+        reset_key, self._step_base = env_keys(jnp.int32(seed))
+        _, self.state = _reset(self.env, reset_key, self.params)
+        self.turn = 1
+        return self.layer.turn_text(self.state, 1, warning=False)
+
+    def step(self, response_text: str) -> HostStep:
+        parsed_text = parse_response(response_text, self.max_actions, self.layer.answer_window)
+        parsed, n_valid = self._parsed(parsed_text)
+        key = step_key(self._step_base, self.state.time)
+        self.state, reward, done, info = _step(self.env, key, self.state, parsed, self.params)
+        reward, done = float(reward), bool(done)
+        self.turn += 1
+        next_text = self.layer.reward_text(reward) + self.layer.turn_text(self.state, self.turn, warning=n_valid == 0)
+        return HostStep(
+            reward=reward, done=done, success=bool(info["success"]), format_ok=bool(info["format_ok"]),
+            n_valid=n_valid, n_executed=int(info["n_executed"]), next_user_text=next_text,
+        )
+
+    def _parsed(self, parsed_text: ParsedText) -> tuple[Any, int]:
+        """The env's parsed-turn struct built from the Python parse."""
+        if not self.env.action_lookup:
+            return self._free_text(parsed_text)
+        names = self._name_table()
+        ids = _action_ids(names, parsed_text.pieces)
+        n_valid, n_parsed = len(ids), len(parsed_text.pieces) if parsed_text.complete else 1
+        actions = np.zeros((self.max_actions,), np.int32)
+        actions[:n_valid] = ids
+        format_ok = parsed_text.matched and n_valid > 0 and n_valid == n_parsed
+        parsed = Parsed(
+            actions=jnp.asarray(actions), n_valid=jnp.int32(n_valid), n_parsed=jnp.int32(n_parsed),
+            matched=jnp.asarray(parsed_text.matched), format_ok=jnp.asarray(format_ok),
+        )
+        return parsed, n_valid
+
+    def _name_table(self) -> dict[str, int]:
+        """lower-cased action name -> action id; Bandit's names are the episode's two arms."""
+        from envs.bandit import ARM_NAMES, Bandit
+
+        if isinstance(self.env, Bandit):
+            arms = np.asarray(self.state.arms)
+            return {ARM_NAMES[int(arms[0])].lower(): 1, ARM_NAMES[int(arms[1])].lower(): 2}
+        return {name.lower(): action_id for action_id, name in self.env.action_lookup.items()}
+
+    def _free_text(self, parsed_text: ParsedText) -> tuple[Any, int]:
+        """Language envs (Countdown): the first piece is the action, every piece counts as valid."""
+        from envs.countdown import Countdown, CountdownAction, CountdownParsed
+
+        if not isinstance(self.env, Countdown):  # the one free-text env ragen_jax ships
+            raise TypeError(
+                f"{type(self.env).__name__} has no action_lookup and is not Countdown: give TextEnvHost a "
+                "free-text parse for it, or implement the HostEnv protocol directly"
+            )
+        width = self.params.max_action_bytes
+        first = parsed_text.pieces[0].encode("utf-8") if parsed_text.pieces else b""
+        text = np.zeros((width,), np.uint8)
+        text[: min(len(first), width)] = np.frombuffer(first[:width], np.uint8)
+        n = len(parsed_text.pieces)  # 0 for an incomplete read: an invalid turn
+        parsed = CountdownParsed(
+            action=CountdownAction(text=jnp.asarray(text), length=jnp.int32(len(first))),
+            n_valid=jnp.int32(n), n_parsed=jnp.int32(n), matched=jnp.asarray(parsed_text.matched),
+            format_ok=jnp.asarray(parsed_text.matched and n > 0),
+        )
+        return parsed, n
+
+
+# One compiled reset / step per (env, params structure), shared by every row and every rollout.
+_reset = jax.jit(lambda env, key, params: env.reset_env(key, params), static_argnums=(0,))
+_step = jax.jit(lambda env, key, state, parsed, params: env.step_turn(key, state, parsed, params), static_argnums=(0,))
