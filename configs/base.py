@@ -26,6 +26,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.hf_path = ""  # a local Hugging Face checkpoint dir (config.json, safetensors, tokenizer.json)
     c.model.gguf_path = ""  # a local .gguf file (Llama-family)
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    # ModelConfig fields replaced in the preset, e.g. {"num_layers": 2, "hidden_size": 128}.
+    c.model.overrides = ml_collections.ConfigDict()
     c.model.tokenizer = "char"  # char | hf (taken from hf_path)
     c.model.chat_style = "qwen"  # qwen (ChatML) | llama3
 

@@ -116,6 +116,19 @@ def check_config(config: Mapping, *, env_names: Iterable[str], model_presets: It
             f"unknown model preset '{config.model.preset}' (config.model.preset)"
             + (f"; did you mean '{hint[0]}'?" if hint else "")
         )
+    if config.model.overrides:
+        import dataclasses
+
+        from ragen_jax.models.config import ModelConfig
+
+        fields = [f.name for f in dataclasses.fields(ModelConfig)]
+        for key in config.model.overrides:
+            if key not in fields:
+                hint = difflib.get_close_matches(key, fields, n=1)
+                raise ConfigError(
+                    f"config.model.overrides.{key} is not a ModelConfig field"
+                    + (f"; did you mean '{hint[0]}'?" if hint else f"; fields: {', '.join(fields)}")
+                )
     batch = config.rollout.n_groups * config.rollout.group_size
     if min(config.rollout.n_groups, config.rollout.group_size) < 1:
         raise ConfigError("config.rollout.n_groups and group_size must be >= 1")

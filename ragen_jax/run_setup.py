@@ -1,0 +1,61 @@
+"""Build a run's tokenizer, environment and policy (actor and critic) from its config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+
+from ragen_jax.models.config import get_preset
+from ragen_jax.models.tokenizers import CharTokenizer, Tokenizer
+from ragen_jax.models.transformer import Transformer
+
+
+def build_tokenizer(config) -> Tokenizer:
+    """The character tokenizer, or the checkpoint's own tokenizer when ``model.hf_path`` is set."""
+    if config.model.hf_path:
+        from ragen_jax.models.hf_io import config_from_hf
+        from ragen_jax.models.hf_tokenizer import HFTokenizer
+        import json
+        import os
+
+        with open(os.path.join(config.model.hf_path, "config.json")) as f:
+            vocab = config_from_hf(json.load(f)).vocab_size
+        return HFTokenizer(config.model.hf_path, vocab_size=vocab)
+    if config.model.tokenizer != "char":
+        raise ValueError("config.model.tokenizer='hf' needs config.model.hf_path (the tokenizer comes from it)")
+    return CharTokenizer()
+
+
+def build_env(config) -> tuple[Any, Any]:
+    from envs.registry import make
+
+    return make(config.env.name, **dict(config.env.params))
+
+
+def build_policy(config, tokenizer: Tokenizer) -> tuple[Transformer, Any]:
+    """(actor, critic or None). The critic (PPO/GAE only) starts as a copy of the actor's backbone."""
+    rngs = nnx.Rngs(config.seed)
+    if config.model.hf_path:
+        from ragen_jax.models.hf_io import load_hf_checkpoint
+
+        actor, _ = load_hf_checkpoint(config.model.hf_path, compute_dtype=config.model.dtype)
+    elif config.model.gguf_path:
+        raise ValueError(
+            "config.model.gguf_path: GGUF import is not available in this version; convert the model to a "
+            "Hugging Face directory and pass config.model.hf_path"
+        )
+    else:
+        cfg = get_preset(config.model.preset, dtype=config.model.dtype, **dict(config.model.overrides))
+        if cfg.vocab_size < tokenizer.vocab_size:
+            raise ValueError(
+                f"model preset {config.model.preset!r} has vocab_size {cfg.vocab_size} < the tokenizer's "
+                f"{tokenizer.vocab_size}; use preset 'tiny' with the character tokenizer, or model.hf_path"
+            )
+        actor = Transformer(cfg, rngs=rngs)
+    critic = None
+    if config.algorithm.adv_estimator == "gae":
+        from ragen_jax.critic import Critic
+
+        critic = Critic.from_actor(actor, nnx.Rngs(config.seed + 1))
+    return actor, critic

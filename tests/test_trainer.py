@@ -1,0 +1,153 @@
+"""End-to-end training runs of every task config (shrunk), resume after a hard kill, SIGTERM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from ragen_jax.checkpoint import Checkpointer
+from ragen_jax.metrics import read_metrics
+from ragen_jax.trainer import build_run, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = os.path.join(ROOT, "tests", "configs", "small.py")
+sys.path.insert(0, os.path.join(ROOT, "tests", "configs"))
+from small import get_config as small_config  # noqa: E402
+
+# Metrics that depend on wall time, not on the computation.
+NONDETERMINISTIC = ("timing/", "throughput/")
+
+
+def _deterministic(rows):
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(NONDETERMINISTIC)} for r in rows]
+
+
+def _final_params(config, run_dir):
+    run, state = build_run(config)
+    ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"))
+    tree, meta, step = ckpt.restore(state.tree())
+    ckpt.close()
+    return tree, step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["frozen_lake", "sokoban", "countdown", "bandit"])
+def test_three_step_run_of_every_task_writes_metrics_checkpoint_and_plots(task, tmp_path):
+    config = small_config(task)
+    summary = train(config, str(tmp_path))
+    assert summary["stop_reason"] == "completed"
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for key in ("train/success", "rollout/in_group_reward_std", "filter/kept_ratio", "actor/pg_loss",
+                "timing/rollout_s", "throughput/generated_tokens_per_s"):
+        assert key in rows[1], key
+    assert "collapse_trajectory_sample/mi_estimate" in rows[2]  # MI at step 1 and every 2 steps
+    assert "val/success" in rows[0] and "val/success" in rows[3]
+    assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 3
+    assert os.path.exists(tmp_path / "plots" / "overview.png")
+    assert os.path.getsize(tmp_path / "samples.txt") > 0
+    # Every jitted program compiled once for the whole run.
+    traces = summary["traces"]
+    assert traces["rollout"] == 1 and traces["validation_rollout"] == 1 and traces["update"] == 1
+
+
+def _run_cli(run_dir, *extra, **popen):
+    cmd = [sys.executable, "-m", "ragen_jax.main", f"--config={SMALL}:frozen_lake",
+           f"--config.run_dir={run_dir}", "--config.trainer.total_steps=4", *extra]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+
+
+def _wait_for_step(run_dir, step, proc, timeout=900):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = read_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
+        if rows and rows[-1]["step"] >= step:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early ({proc.returncode}): {proc.stdout.read().decode()[-3000:]}")
+        time.sleep(0.5)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+@pytest.mark.slow
+def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path):
+    full_dir, killed_dir = str(tmp_path / "full"), str(tmp_path / "killed")
+    full = _run_cli(full_dir)
+    assert full.wait(timeout=1800) == 0, full.stdout.read().decode()[-3000:]
+
+    kill_at = int(np.random.default_rng().integers(1, 4))  # a random step of the 4
+    proc = _run_cli(killed_dir)
+    _wait_for_step(killed_dir, kill_at, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = _run_cli(killed_dir)
+    out = resumed.communicate(timeout=1800)[0].decode()
+    assert resumed.returncode == 0, out[-3000:]
+    assert "resuming from checkpoint step" in out
+
+    assert _deterministic(read_metrics(killed_dir)) == _deterministic(read_metrics(full_dir))
+    config = small_config("frozen_lake")
+    full_params, step_a = _final_params(config, full_dir)
+    killed_params, step_b = _final_params(config, killed_dir)
+    assert step_a == step_b == 4
+    for a, b in zip(jax.tree.leaves(full_params), jax.tree.leaves(killed_params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_sigterm_writes_a_checkpoint_and_exits_zero(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = _run_cli(run_dir, "--config.trainer.total_steps=50", "--config.trainer.checkpoint_every=100")
+    _wait_for_step(run_dir, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=600)[0].decode()
+    assert proc.returncode == 0, out[-3000:]
+    assert "SIGTERM: checkpoint written" in out
+    step = Checkpointer(os.path.join(run_dir, "checkpoints")).latest_step()
+    assert step is not None and 1 <= step < 50
+    assert read_metrics(run_dir)[-1]["step"] == step
+
+
+def _cli_error(*args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "ragen_jax.main", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    return proc.returncode, lines
+
+
+def test_bad_key_missing_hf_path_and_unknown_env_fail_fast_with_one_line(tmp_path):
+    rc, lines = _cli_error("--config=configs/countdown.py", "--config.trainer.total_step=5")
+    assert rc == 2 and lines == ["error: unknown config key 'trainer.total_step'; did you mean 'trainer.total_steps'?"]
+    rc, lines = _cli_error("--config=configs/countdown.py", f"--config.model.hf_path={tmp_path}/missing")
+    assert rc == 2 and len(lines) == 1 and "does not exist" in lines[0] and "hf_path" in lines[0]
+    rc, lines = _cli_error("--config=configs/countdown.py", "--config.env.name=sokobann")
+    assert rc == 2 and len(lines) == 1 and "did you mean 'sokoban'" in lines[0]
+    rc, lines = _cli_error("--config=configs/nope.py")
+    assert rc == 2 and lines == ["error: config file 'configs/nope.py' does not exist"]
+    assert not os.path.exists(os.path.join(ROOT, "runs", "sokobann-ppo-seed0"))
+
+
+def test_config_checks_name_the_fix():
+    from ragen_jax.config_check import ConfigError, check_config
+    from ragen_jax.models.config import PRESETS
+
+    config = small_config("sokoban")
+    config.algorithm.mini_batch_size = 3
+    with pytest.raises(ConfigError, match="multiple of micro_batch_size"):
+        check_config(config, env_names=["sokoban"], model_presets=PRESETS)
+    config = small_config("sokoban")
+    config.model.overrides = {"num_layer": 2}
+    with pytest.raises(ConfigError, match="did you mean 'num_layers'"):
+        check_config(config, env_names=["sokoban"], model_presets=PRESETS)
+    config = small_config("sokoban")
+    config.filter.top_p_mode = "soft"
+    with pytest.raises(ConfigError, match="top_p_mode='soft' is not one of linear, softmax"):
+        check_config(config, env_names=["sokoban"], model_presets=PRESETS)
