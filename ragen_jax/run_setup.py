@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from flax import nnx
@@ -22,9 +23,19 @@ def build_tokenizer(config) -> Tokenizer:
         with open(os.path.join(config.model.hf_path, "config.json")) as f:
             vocab = config_from_hf(json.load(f)).vocab_size
         return HFTokenizer(config.model.hf_path, vocab_size=vocab)
+    if config.model.gguf_path:
+        return _gguf(config.model.gguf_path, config.model.dtype)[2]
     if config.model.tokenizer != "char":
         raise ValueError("config.model.tokenizer='hf' needs config.model.hf_path (the tokenizer comes from it)")
     return CharTokenizer()
+
+
+@functools.lru_cache(maxsize=1)
+def _gguf(path: str, compute_dtype: str):
+    """(model, config, tokenizer) of a .gguf file, parsed once per run (parsing takes seconds)."""
+    from ragen_jax.models.gguf import load_gguf
+
+    return load_gguf(path, dtype="float32", compute_dtype=compute_dtype)
 
 
 def build_env(config) -> tuple[Any, Any]:
@@ -41,10 +52,7 @@ def build_policy(config, tokenizer: Tokenizer) -> tuple[Transformer, Any]:
 
         actor, _ = load_hf_checkpoint(config.model.hf_path, compute_dtype=config.model.dtype)
     elif config.model.gguf_path:
-        raise ValueError(
-            "config.model.gguf_path: GGUF import is not available in this version; convert the model to a "
-            "Hugging Face directory and pass config.model.hf_path"
-        )
+        actor = _gguf(config.model.gguf_path, config.model.dtype)[0]
     else:
         cfg = get_preset(config.model.preset, dtype=config.model.dtype, **dict(config.model.overrides))
         if cfg.vocab_size < tokenizer.vocab_size:

