@@ -1,6 +1,7 @@
 """RAGEN's two-armed bandit (v1 task): one turn, pick the high-risk arm by its name.
 
-Tiny preset + character tokenizer, warm-started (--config.init=sft), compact prompts.
+Tiny preset + character tokenizer (random initial weights: the supervised warm start has not landed
+yet), compact prompts.
 """
 
 from configs.base import get_config as base_config
@@ -13,7 +14,7 @@ def get_config():
     c.env.max_actions_per_turn = 1
     c.env.params = {"max_actions": 1}
     c.model.preset = "tiny"
-    c.init = "sft"
+    c.init = "random"  # the supervised warm start (init="sft") has not landed yet
     c.rollout.n_groups = 4
     c.rollout.group_size = 8
     c.rollout.max_turns = 1

@@ -17,9 +17,9 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.mode = "train"  # train | eval | sft
+    c.mode = "train"  # train | eval
     c.run_dir = ""  # default: runs/<env.name>-<algorithm.name>-seed<seed>
-    c.init = "random"  # random | sft (warm start from the cached supervised checkpoint) | a checkpoint dir
+    c.init = "random"  # random initial weights (preset) or the weights of model.hf_path / gguf_path
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = "qwen2.5-3b"  # RAGEN-2's default model size; task files pick "tiny" for CPU
@@ -125,14 +125,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.trainer.low_val_success = 0.01
     c.trainer.low_val_patience = 5
     c.trainer.progress = True
-
-    c.sft = ml_collections.ConfigDict()
-    c.sft.demos = 2048
-    c.sft.noisy_fraction = 0.3
-    c.sft.steps = 300
-    c.sft.batch_size = 32
-    c.sft.lr = 1e-3
-    c.sft.cache_dir = "runs/sft_cache"
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1

@@ -20,21 +20,13 @@ import signal
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
+
+from ragen_jax.distributed import nonfinite_leaves
 
 
 class NonFiniteCheckpointError(ValueError):
     pass
-
-
-def _non_finite_leaves(state: Any) -> list[str]:
-    bad = []
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
-        arr = np.asarray(jax.device_get(leaf)) if hasattr(leaf, "dtype") else None
-        if arr is not None and np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
-            bad.append(jax.tree_util.keystr(path))
-    return bad
 
 
 class Checkpointer:
@@ -52,7 +44,7 @@ class Checkpointer:
         return list(self._manager.all_steps())
 
     def save(self, step: int, state: Any, meta: dict, *, force: bool = True) -> None:
-        bad = _non_finite_leaves(state)
+        bad = nonfinite_leaves(state)
         if bad:
             raise NonFiniteCheckpointError(
                 f"refusing to checkpoint step {step}: non-finite values in {', '.join(bad[:5])}"

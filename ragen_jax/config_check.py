@@ -20,7 +20,8 @@ class ConfigError(ValueError):
 
 # Allowed values of the string-valued keys; everything else is free-form or numeric.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "mode": ("train", "eval", "sft"),
+    "mode": ("train", "eval"),
+    "init": ("random",),
     "model.dtype": ("float32", "bfloat16"),
     "model.tokenizer": ("char", "hf"),
     "model.chat_style": ("qwen", "llama3"),

@@ -1,7 +1,7 @@
 """The command line: ``python -m ragen_jax.main --config=configs/countdown.py [--config.key=value ...]``.
 
 Modes (``--config.mode``): ``train`` (default) trains and validates, ``eval`` runs the validation
-rollouts of the latest checkpoint in the run directory, ``sft`` builds the supervised warm start only.
+rollouts of the latest checkpoint in the run directory.
 The resolved config is printed and written to ``RUN_DIR/config.json``. Bad keys, bad values, a missing
 ``hf_path`` and an unknown environment fail before any compilation with a one-line reason (exit 2).
 """
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from absl import app
+from absl import app, logging
 from ml_collections import config_flags
 
 from ragen_jax.config_check import ConfigError, check_config, check_override_keys
@@ -58,6 +58,7 @@ def run_dir_of(config) -> str:
 
 def _main(argv: list[str]) -> None:
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax/JAX INFO lines would drown the progress line
     config = _CONFIG.value
     from envs.registry import REGISTRY  # deferred: imports JAX
     from ragen_jax.models.config import PRESETS
@@ -67,19 +68,18 @@ def _main(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    from ragen_jax import distributed
+
+    distributed.maybe_initialize(config)
     run_dir = run_dir_of(config)
-    os.makedirs(run_dir, exist_ok=True)
-    print(config)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        f.write(config.to_json(indent=2))
-        f.write("\n")
+    if distributed.is_main_process():
+        os.makedirs(run_dir, exist_ok=True)
+        print(config)
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            f.write(config.to_json(indent=2))
+            f.write("\n")
 
-    if config.mode == "sft":
-        from ragen_jax.sft import build_warm_start
-
-        path = build_warm_start(config)
-        print(f"warm start written to {path}")
-    elif config.mode == "eval":
+    if config.mode == "eval":
         from ragen_jax.trainer import evaluate
 
         print(json.dumps(evaluate(config, run_dir), indent=2))

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ragen_jax import distributed, sharding
 from ragen_jax.checkpoint import Checkpointer, PreemptionGuard
 from ragen_jax.diagnostics import mi_sampling
 from ragen_jax.diagnostics.cross_scoring import score_pairs
@@ -184,15 +185,11 @@ def _block(tree):
 def train(config, run_dir: str) -> dict:
     """Train (or resume) in ``run_dir``; returns a summary (last metrics, stop reason, wall time)."""
     t_start = time.time()
-    is_main = jax.process_index() == 0
     run, state = build_run(config)
-    if config.init == "sft":
-        from ragen_jax.sft import load_warm_start
-
-        state.actor = load_warm_start(config, nnx.merge(run.actor_graphdef, state.actor))
-        state.actor_opt = run.actor_tx.init(state.actor)
-        if state.ref is not None:
-            state.ref = jax.tree.map(jnp.copy, state.actor)
+    is_main = distributed.is_main_process()
+    # Place the state on the ('data', 'fsdp', 'tensor') mesh before restoring, so that a checkpoint
+    # comes back with the same shardings.
+    run, state = sharding.shard_run(run, state, sharding.make_mesh(config))
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=config.trainer.keep_checkpoints)
     early = EarlyStop.from_config(config)
     start = 1
@@ -311,10 +308,6 @@ def evaluate(config, run_dir: str) -> dict[str, float]:
     if step is not None:
         tree, _, step = ckpt.restore(state.tree())
         state = TrainState.from_tree(tree)
-    elif config.init == "sft":
-        from ragen_jax.sft import load_warm_start
-
-        state.actor = load_warm_start(config, nnx.merge(run.actor_graphdef, state.actor))
     ckpt.close()
     metrics = validate(run, state.actor, step or 0)
     metrics["checkpoint_step"] = float(step or 0)

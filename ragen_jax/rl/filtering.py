@@ -74,7 +74,11 @@ def group_scores(rewards: jax.Array, metric: str = "reward_std", ddof: int | Non
     if s - ddof <= 0:
         # Still propagate non-finite rewards instead of hiding them behind the 0.
         return jnp.where(jnp.all(jnp.isfinite(r), axis=1), 0.0, jnp.nan).astype(jnp.float32)
-    centered = r - jnp.mean(r, axis=1, keepdims=True)
+    # Shift by each group's first reward before centring: the spread is unchanged, and a group of
+    # equal rewards gets exactly 0 whatever the summation order (e.g. on different meshes), so the
+    # include_zero rule sees it as a zero-variance group.
+    shifted = r - r[:, :1]
+    centered = shifted - jnp.mean(shifted, axis=1, keepdims=True)
     var = jnp.sum(centered * centered, axis=1) / (s - ddof)
     return jnp.sqrt(var) if metric == "reward_std" else var
 
