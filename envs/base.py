@@ -93,16 +93,16 @@ class TextEnv(environment.Environment):
 
     # ----- contract pieces each env provides -------------------------------------------------------
     def instruction_text(self, params: Any, style: str) -> str:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
     def symbol_legend(self) -> Sequence[tuple[str, str]] | None:
         return None
 
     def render_state_text(self, state: Any, params: Any) -> str:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
     def render_state_items(self, state: Any, params: Any, frags: TokenFragments) -> list[Static | Dynamic]:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract
 
     # ----- generic parts ----------------------------------------------------------------------------
     @property
