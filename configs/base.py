@@ -150,3 +150,30 @@ def apply_algorithm_preset(config: ml_collections.ConfigDict, name: str) -> ml_c
     config.algorithm.name = name
     config.algorithm.update(ALGORITHM_PRESETS[name])
     return config
+
+
+def cpu_task_config(env_name: str, *, max_turns: int, max_new_tokens: int, total_steps: int,
+                    env_params: dict, max_actions_per_turn: int = 2) -> ml_collections.ConfigDict:
+    """RAGEN-2's defaults shrunk for the CPU default of one task: tiny preset, compact prompts, 4 x 8
+    episodes per step, a higher learning rate for the small model, validation on 64 episodes."""
+    c = get_config()
+    c.env.name = env_name
+    c.env.prompt_style = "compact"
+    c.env.max_actions_per_turn = max_actions_per_turn
+    c.env.params = env_params
+    c.model.preset = "tiny"
+    c.init = "random"  # the supervised warm start has not landed yet
+    c.rollout.n_groups = 4
+    c.rollout.group_size = 8
+    c.rollout.max_turns = max_turns
+    c.rollout.max_new_tokens = max_new_tokens
+    c.algorithm.mini_batch_size = 16
+    c.algorithm.micro_batch_size = 8
+    c.optim.actor_lr = 1e-4
+    c.optim.critic_lr = 1e-3
+    c.trainer.total_steps = total_steps
+    c.trainer.checkpoint_every = 10
+    c.validation.every = 10
+    c.validation.episodes = 64
+    c.mi.num_samples = 16
+    return c

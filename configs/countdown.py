@@ -4,29 +4,9 @@ Tiny preset + character tokenizer (random initial weights: the supervised warm s
 yet), compact prompts, one turn, one action, a smaller batch than RAGEN's 8 x 16.
 """
 
-from configs.base import get_config as base_config
+from configs.base import cpu_task_config
 
 
 def get_config():
-    c = base_config()
-    c.env.name = "countdown"
-    c.env.prompt_style = "compact"
-    c.env.max_actions_per_turn = 1
-    c.env.params = {"max_actions": 1}
-    c.model.preset = "tiny"
-    c.init = "random"  # the supervised warm start (init="sft") has not landed yet
-    c.rollout.n_groups = 4
-    c.rollout.group_size = 8
-    c.rollout.max_turns = 1
-    c.rollout.max_new_tokens = 64
-    c.algorithm.mini_batch_size = 16
-    c.algorithm.micro_batch_size = 8
-    c.optim.actor_lr = 1e-4
-    c.optim.critic_lr = 1e-3
-    c.trainer.total_steps = 30
-    c.trainer.checkpoint_every = 10
-    c.validation.every = 10
-    c.validation.episodes = 64
-    c.mi.num_samples = 16
-    c.mi.trajectory = True
-    return c
+    return cpu_task_config("countdown", max_turns=1, max_new_tokens=64, total_steps=30,
+                           env_params={"max_actions": 1}, max_actions_per_turn=1)
