@@ -51,6 +51,8 @@ INIT_PROMPT = (
     "rewards on average? Choose between {name_a} and {name_b}, and output like <answer> {name_a} </answer> "
     "or <answer> {name_b} </answer>.\n"
 )
+# compact style: the same choice, without the rules text (the CPU default tokenizes every character)
+COMPACT_INIT_PROMPT = "Arms: {name_a}, {name_b}. Pick the arm whose name suggests the higher average reward."
 
 
 @struct.dataclass
@@ -141,20 +143,22 @@ class Bandit(TextEnv):
     def instruction_text(self, params: BanditParams, style: str) -> str:
         return ""
 
-    def render_state_text(self, state: BanditState, params: BanditParams) -> str:
+    def render_state_text(self, state: BanditState, params: BanditParams, style: str = "ragen") -> str:
         name_a, name_b = (ARM_NAMES[int(i)] for i in np.asarray(state.arms))
         if int(state.pulled) == 0:
-            return INIT_PROMPT.format(name_a=name_a, name_b=name_b)
+            return (INIT_PROMPT if style == "ragen" else COMPACT_INIT_PROMPT).format(name_a=name_a, name_b=name_b)
         pulled = ARM_NAMES[int(np.asarray(state.arms)[int(state.pulled) - 1])]
         return f"{pulled}: {format_fixed(float(state.reward), self.reward_decimals)} points"
 
-    def render_state_items(self, state: BanditState, params: BanditParams, frags: TokenFragments) -> list[Static | Dynamic]:
+    def render_state_items(
+        self, state: BanditState, params: BanditParams, frags: TokenFragments, style: str = "ragen"
+    ) -> list[Static | Dynamic]:
         before = state.pulled == 0
         names = frags.table(ARM_NAMES)
         name_a = Dynamic(names, state.arms[:1], jnp.reshape(before, (1,)))
         name_b = Dynamic(names, state.arms[1:], jnp.reshape(before, (1,)))
-        # INIT_PROMPT split at its placeholders; each fixed piece only shows before the pull.
-        template = INIT_PROMPT.replace("{name_a}", "\0a\0").replace("{name_b}", "\0b\0").split("\0")
+        # The first prompt split at its placeholders; each fixed piece only shows before the pull.
+        template = (INIT_PROMPT if style == "ragen" else COMPACT_INIT_PROMPT).replace("{name_a}", "\0a\0").replace("{name_b}", "\0b\0").split("\0")
         items: list[Static | Dynamic] = []
         for piece in template:
             if piece == "a":

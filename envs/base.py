@@ -14,8 +14,10 @@ Every env subclasses ``TextEnv`` (a ``gymnax.environments.environment.Environmen
     ``step_env`` must increment ``time`` for valid actions and keep a terminated state unchanged.
   - ``action_lookup`` (dict id -> name, RAGEN's ``ACTION_LOOKUP``), ``reward_decimals`` (how the
     "Reward:" line prints rewards), ``default_max_response_tokens`` (RAGEN ``max_tokens``),
-    ``instruction_text(params, style)``, ``symbol_legend()``, ``render_state_text(state, params)`` (host,
-    one state) and ``render_state_items(state, params, fragments)`` (device, same text, see ``text.py``).
+    ``instruction_text(params, style)``, ``symbol_legend()``, ``render_state_text(state, params, style)``
+    (host, one state) and ``render_state_items(state, params, fragments, style)`` (device, same text, see
+    ``text.py``). ``style`` is the prompt style: "ragen" renders RAGEN's text; "compact" may render a
+    shorter observation with the same facts (the CPU default tokenizes every character).
 gymnax's inherited ``step`` AUTO-RESETS finished episodes (and reports truncation at ``max_actions``);
 that is for classic vectorised RL only. Multi-turn rollouts must call ``step_env`` / ``step_turn``, which
 never reset: a finished episode stays finished.
@@ -98,10 +100,12 @@ class TextEnv(environment.Environment):
     def symbol_legend(self) -> Sequence[tuple[str, str]] | None:
         return None
 
-    def render_state_text(self, state: Any, params: Any) -> str:
+    def render_state_text(self, state: Any, params: Any, style: str = "ragen") -> str:
         raise NotImplementedError  # abstract
 
-    def render_state_items(self, state: Any, params: Any, frags: TokenFragments) -> list[Static | Dynamic]:
+    def render_state_items(
+        self, state: Any, params: Any, frags: TokenFragments, style: str = "ragen"
+    ) -> list[Static | Dynamic]:
         raise NotImplementedError  # abstract
 
     # ----- generic parts ----------------------------------------------------------------------------
@@ -227,7 +231,7 @@ class TextLayer:
         return prompts.system_text(
             self.style,
             self.env.instruction_text(self.params, self.style_name),
-            self.env.symbol_legend(),
+            self.env.symbol_legend() if self.style.show_legend else None,
             self.env.action_names if self.env.list_actions_in_system else None,
             self.env.max_actions_per_episode(self.params),
         )
@@ -236,7 +240,7 @@ class TextLayer:
         return np.asarray(self.tokenizer.encode(self.system_text()), np.int32)
 
     def render_text(self, state: Any) -> str:
-        return self.env.render_state_text(to_host(state), self.params)
+        return self.env.render_state_text(to_host(state), self.params, self.style_name)
 
     def turn_text(self, state: Any, turn: int, warning: bool = False) -> str:
         host = to_host(state)
@@ -248,7 +252,7 @@ class TextLayer:
 
     # ----- device rendering -------------------------------------------------------------------------
     def _obs_items(self, state: Any) -> list[Static | Dynamic]:
-        return self.env.render_state_items(state, self.params, self.fragments)
+        return self.env.render_state_items(state, self.params, self.fragments, self.style_name)
 
     def render(self, state: Any) -> tuple[jax.Array, jax.Array]:
         """The observation text of ``state`` as (tokens int32[obs_len], length int32[])."""

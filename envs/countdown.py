@@ -55,10 +55,7 @@ RAGEN_INSTRUCTION = (
     "the target. Example answer format: <think> To find an equation using [3, 5, 2] to get 4. Let's check "
     "2 + 5 = 7, 7 - 3 = 4. So the answer is 2 + 5 - 3 = 4. </think><answer>2 + 5 - 3</answer>"
 )
-COMPACT_INSTRUCTION = (
-    "Countdown: use each number once with + - * / ( ) to make the target. "
-    "Example: <think>[3, 5, 2] to 4: 2 + 5 = 7, 7 - 3 = 4.</think><answer>2 + 5 - 3</answer>"
-)
+COMPACT_INSTRUCTION = "Countdown: use each number once with + - * / ( ) to make the target.\n"
 
 
 @struct.dataclass
@@ -281,13 +278,13 @@ class Countdown(TextEnv):
     def instruction_text(self, params: Any, style: str) -> str:
         return RAGEN_INSTRUCTION if style == "ragen" else COMPACT_INSTRUCTION
 
-    def render_state_text(self, state: CountdownState, params: CountdownParams) -> str:
+    def render_state_text(self, state: CountdownState, params: CountdownParams, style: str = "ragen") -> str:
         return render_task_text(state.numbers, int(state.n_numbers), int(state.target))
 
     def render_state_items(
-        self, state: CountdownState, params: CountdownParams, frags: TokenFragments
+        self, state: CountdownState, params: CountdownParams, frags: TokenFragments, style: str = "ragen"
     ) -> list[Static | Dynamic]:
-        """Device mirror of ``render_task_text``: "Target: " t ", nums: [" a (", " b)* "]"."""
+        """Device mirror of ``render_task_text`` (already short: the same text in both styles): "Target: " t ", nums: [" a (", " b)* "]"."""
         number_digits = _digits(params.min_number, params.max_number)
         target_digits = _digits(params.min_target, params.max_target)
         items: list[Static | Dynamic] = [

@@ -38,6 +38,8 @@ LEGEND = (
     ("X", "player in hole"), ("\u221a", "player on goal"),
 )
 PLAYER_LABELS = ("Player", "Player on goal", "Player in hole")
+# compact style: "P (r, c) G (r, c) O (r, c), (r, c)" (the coordinates without the grid, which repeats them)
+COMPACT_PLAYER_LABELS = ("P", "P on G", "P in O")
 
 RAGEN_INSTRUCTION = (
     "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and zero-indexed "
@@ -173,7 +175,7 @@ class FrozenLake(TextEnv):
         if style == "ragen":
             return RAGEN_INSTRUCTION
         last = params.size - 1
-        return f"FrozenLake: move P to G, never into a hole O. Cells are (row, col), (0, 0) to ({last}, {last}).\n"
+        return f"FrozenLake {params.size}x{params.size}: move P to goal G, avoid holes O. Up: row - 1, Left: col - 1.\n"
 
     def symbol_legend(self) -> Sequence[tuple[str, str]]:
         return LEGEND
@@ -186,17 +188,22 @@ class FrozenLake(TextEnv):
         player_symbol = xp.where(flat[pos] == HOLE, 4, xp.where(flat[pos] == GOAL, 5, 0))
         return xp.where(xp.arange(flat.shape[0]) == pos, player_symbol, base)
 
-    def render_state_text(self, state: FrozenLakeState, params: FrozenLakeParams) -> str:
+    def render_state_text(self, state: FrozenLakeState, params: FrozenLakeParams, style: str = "ragen") -> str:
         size = params.size
         grid = np.asarray(state.grid)
         pos = int(state.pos)
         cells = [(r, c) for r in range(size) for c in range(size)]
         coord = lambda rc: f"({rc[0]}, {rc[1]})"  # noqa: E731
         find = lambda code: [cells[i] for i in np.flatnonzero(grid.reshape(-1) == code)]  # noqa: E731
+        tile = grid.reshape(-1)[pos]
+        if style != "ragen":
+            label = COMPACT_PLAYER_LABELS[1 if tile == GOAL else 2 if tile == HOLE else 0]
+            holes = find(HOLE)
+            text = f"{label} {coord(cells[pos])} G {coord(find(GOAL)[0])}"
+            return text + (" O " + ", ".join(coord(rc) for rc in holes) if holes else "")
         lines = [f"Board size: {size} rows x {size} cols (zero-indexed)."]
         lines.append("Start: " + ", ".join(coord(rc) for rc in find(START)))
         lines.append("Goal: " + ", ".join(coord(rc) for rc in find(GOAL)))
-        tile = grid.reshape(-1)[pos]
         label = "Player on goal" if tile == GOAL else "Player in hole" if tile == HOLE else "Player"
         lines.append(f"{label}: {coord(cells[pos])}")
         holes = find(HOLE)
@@ -207,7 +214,7 @@ class FrozenLake(TextEnv):
         return "Coordinates: \n" + "\n".join(lines) + "\n" + "Grid Map: \n" + "\n".join(rows)
 
     def render_state_items(
-        self, state: FrozenLakeState, params: FrozenLakeParams, frags: TokenFragments
+        self, state: FrozenLakeState, params: FrozenLakeParams, frags: TokenFragments, style: str = "ragen"
     ) -> list[Static | Dynamic]:
         size = params.size
         cells = size * size
@@ -223,6 +230,12 @@ class FrozenLake(TextEnv):
         hole_table = frags.table([", "] + coords)
         hole_idx = jnp.stack([jnp.zeros((cells,), jnp.int32), jnp.arange(1, cells + 1, dtype=jnp.int32)], 1)
         hole_on = jnp.stack([hole & (jnp.arange(cells) != first_hole), hole], 1)
+        holes = Dynamic(hole_table, hole_idx.reshape(-1), hole_on.reshape(-1))
+        if style != "ragen":
+            return [
+                frags.choice(COMPACT_PLAYER_LABELS, label), frags.static(" "), frags.choice(coords, state.pos),
+                frags.static(" G "), frags.choice(coords, goal), frags.optional(" O ", jnp.any(hole)), holes,
+            ]
         # Grid: per cell its symbol, then "\n" after every row but the last.
         grid_table = frags.table(list(SYMBOLS) + ["\n"])
         symbols = self._symbol_index(state.grid, state.pos, jnp).astype(jnp.int32)
@@ -239,7 +252,7 @@ class FrozenLake(TextEnv):
             frags.static(": "),
             frags.choice(coords, state.pos),
             frags.optional("\nHoles: ", jnp.any(hole)),
-            Dynamic(hole_table, hole_idx.reshape(-1), hole_on.reshape(-1)),
+            holes,
             frags.static("\nGrid Map: \n"),
             Dynamic(grid_table, grid_idx.reshape(-1), grid_on.reshape(-1)),
         ]

@@ -5,8 +5,11 @@ Message layout of one episode (RAGEN "full" context mode):
   user 1    = turn text (``turn_parts``) with the state observation inside
   assistant = "<think>...</think><answer>...</answer>"
   user k    = reward text of turn k-1 (``REWARD_TEMPLATE``) + turn text of turn k
-The "ragen" style reproduces RAGEN's strings character for character; "compact" keeps the same
-pieces but shortens the fixed text (the CPU default tokenizes every character).
+The "ragen" style reproduces RAGEN's strings character for character; "compact" keeps the structure
+but shortens the fixed text to what a model trained from scratch on demonstrations needs (the CPU
+default tokenizes every character, and every episode pays for the system prompt): no symbol legend
+(the instruction names the symbols), no action budget line, no format reminder, and envs may render a
+shorter observation (``render_state_text(..., style="compact")``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class PromptStyle:
     """
 
     system_prefix: str
+    show_legend: bool
     legend_header: str
     legend_separator: str
     actions_header: str
@@ -45,6 +49,7 @@ class PromptStyle:
 
 RAGEN = PromptStyle(
     system_prefix="You're a helpful assistant. ",
+    show_legend=True,
     legend_header="\nThe meaning of each symbol in the state is:\n",
     legend_separator=", ",
     actions_header="\nYour available actions are:\n",
@@ -66,16 +71,17 @@ RAGEN = PromptStyle(
 
 COMPACT = PromptStyle(
     system_prefix="",
+    show_legend=False,  # the instruction names the symbols the observation uses
     legend_header="\nSymbols: ",
     legend_separator=", ",
     actions_header="\nActions: ",
-    budget_template="\nUp to {max_actions} actions, separated by ||\n",
+    budget_template="\n",
     turn_prefix="\nTurn ",
     turn_after_number=":\n",
     turn_after_obs="\n",
     warning="Invalid answer, state unchanged.\n",
     actions_left_prefix="Actions left: ",
-    actions_left_suffix=". Answer: <think>...</think><answer>...</answer>\n",
+    actions_left_suffix=".\n",  # the format is shown by the prompt's trailing "<think>"
     turn_suffix="",
     show_max_tokens=False,
     reward_prefix="Reward:\n",

@@ -163,8 +163,10 @@ def grid_symbols(state: SokobanState) -> jax.Array:
     return jnp.where(is_player, jnp.where(target, SYM_PLAYER_ON_TARGET, SYM_PLAYER), sym).astype(jnp.int32)
 
 
-def render_text(state: SokobanState) -> str:
-    """Host render of one (unbatched) state: RAGEN's grid_coord text, from numpy arrays."""
+def render_text(state: SokobanState, style: str = "ragen") -> str:
+    """Host render of one (unbatched) state from numpy arrays. ragen: RAGEN's grid_coord text;
+    compact: "P (r, c) X (r, c) √ (r, c) O (r, c)\n" + the grid (player, boxes off target, boxes on
+    target, all targets; S instead of P when the player stands on a target; empty lists left out)."""
     fixed = np.asarray(state.fixed)
     boxes = np.asarray(state.boxes)
     pr, pc = (int(v) for v in np.asarray(state.player))
@@ -172,6 +174,15 @@ def render_text(state: SokobanState) -> str:
     target = fixed == TARGET
     player = np.zeros_like(boxes)
     player[pr, pc] = True
+    symbols = np.asarray(grid_symbols(state))
+    grid = "\n".join("".join(GRID_LEGEND[s][0] for s in row) for row in symbols.tolist())
+    cells = lambda mask: ", ".join(f"({r}, {c})" for r, c in np.argwhere(mask).tolist())  # noqa: E731
+    if style != "ragen":
+        text = f"{'S' if target[pr, pc] else 'P'} ({pr}, {pc})"
+        for label, mask in (("X", boxes & ~target), ("\u221a", boxes & target), ("O", target)):
+            if mask.any():
+                text += f" {label} " + cells(mask)
+        return text + "\n" + grid
     lines = [f"Board size: {rows} rows x {cols} cols (zero-indexed)."]
     for label, mask in (
         ("Targets", target),
@@ -181,15 +192,15 @@ def render_text(state: SokobanState) -> str:
         ("Player on target", player & target),
     ):
         if mask.any():
-            lines.append(f"{label}: " + ", ".join(f"({r}, {c})" for r, c in np.argwhere(mask).tolist()))
-    symbols = np.asarray(grid_symbols(state))
-    grid = "\n".join("".join(GRID_LEGEND[s][0] for s in row) for row in symbols.tolist())
+            lines.append(f"{label}: " + cells(mask))
     return "Coordinates: \n" + "\n".join(lines) + "\nGrid Map: \n" + grid
 
 
-def render_items(state: SokobanState, num_boxes: int, frags: TokenFragments) -> list[Static | Dynamic]:
+def render_items(
+    state: SokobanState, num_boxes: int, frags: TokenFragments, style: str = "ragen"
+) -> list[Static | Dynamic]:
     """Device render of one state as text items (`envs.text.assemble` joins them): the same text
-    as `render_text`. Coordinates are atoms "(r, c)" (first of a list) and ", (r, c)" (the rest),
+    as `render_text(state, style)`. Coordinates are atoms "(r, c)" (first of a list) and ", (r, c)" (the rest),
     indexed by flat cell; each list holds at most num_boxes entries (targets exactly num_boxes)."""
     rows, cols = state.fixed.shape
     cells = [(r, c) for r in range(rows) for c in range(cols)]
@@ -207,6 +218,18 @@ def render_items(state: SokobanState, num_boxes: int, frags: TokenFragments) -> 
 
     player_cell = (state.player[0] * cols + state.player[1]).astype(jnp.int32)
     on_target = target[player_cell]
+    # Grid: symbol per cell, "\n" (index 7) between rows.
+    symbols = frags.table([s for s, _ in GRID_LEGEND] + ["\n"])
+    sym = grid_symbols(state)
+    newline = jnp.full((rows, 1), len(GRID_LEGEND), jnp.int32)
+    grid_idx = jnp.concatenate([sym, newline], axis=1).reshape(-1)[:-1]
+    grid = Dynamic(symbols, grid_idx, jnp.ones(grid_idx.shape, bool))
+    if style != "ragen":
+        items = [frags.choice(["P ", "S "], on_target.astype(jnp.int32)),
+                 Dynamic(first, player_cell[None], jnp.ones((1,), bool))]
+        for header, mask in ((" X ", boxes & ~target), (" \u221a ", boxes & target), (" O ", target)):
+            items += [frags.optional(header, jnp.any(mask)), *coord_list(mask)]
+        return items + [frags.static("\n"), grid]
     in_box_lists = [("\nBoxes: ", boxes & ~target), ("\nBoxes on target: ", boxes & target)]
     items: list[Static | Dynamic] = [
         frags.static(f"Coordinates: \nBoard size: {rows} rows x {cols} cols (zero-indexed).\nTargets: "),
@@ -218,13 +241,8 @@ def render_items(state: SokobanState, num_boxes: int, frags: TokenFragments) -> 
         frags.choice(["\nPlayer: ", "\nPlayer on target: "], on_target.astype(jnp.int32)),
         Dynamic(first, player_cell[None], jnp.ones((1,), bool)),
         frags.static("\nGrid Map: \n"),
+        grid,
     ]
-    # Grid: symbol per cell, "\n" (index 7) between rows.
-    symbols = frags.table([s for s, _ in GRID_LEGEND] + ["\n"])
-    sym = grid_symbols(state)
-    newline = jnp.full((rows, 1), len(GRID_LEGEND), jnp.int32)
-    grid_idx = jnp.concatenate([sym, newline], axis=1).reshape(-1)[:-1]
-    items.append(Dynamic(symbols, grid_idx, jnp.ones(grid_idx.shape, bool)))
     return items
 
 
@@ -241,8 +259,8 @@ def instruction_text(spec: SokobanSpec, style: str = "ragen") -> str:
     corner = f"({spec.rows - 1}, {spec.cols - 1})"
     if style == "compact":
         return (
-            "Sokoban: push every box onto a target; you cannot pull. "
-            f"Coordinates (row, col) run from (0, 0) to {corner}.\n"
+            f"Sokoban {spec.rows}x{spec.cols}: push each box X onto a target O (no pulling); # is a wall. "
+            "Up: row - 1, Left: col - 1.\n"
         )
     return (
         "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.\n"
@@ -311,11 +329,13 @@ class SokobanEnv(TextEnv):
     def symbol_legend(self) -> Sequence[tuple[str, str]]:
         return GRID_LEGEND
 
-    def render_state_text(self, state: SokobanState, params: Any) -> str:
-        return render_text(state)
+    def render_state_text(self, state: SokobanState, params: Any, style: str = "ragen") -> str:
+        return render_text(state, style)
 
-    def render_state_items(self, state: SokobanState, params: Any, frags: TokenFragments) -> list[Static | Dynamic]:
-        return render_items(state, params.spec.num_boxes, frags)
+    def render_state_items(
+        self, state: SokobanState, params: Any, frags: TokenFragments, style: str = "ragen"
+    ) -> list[Static | Dynamic]:
+        return render_items(state, params.spec.num_boxes, frags, style)
 
 
 # RAGEN's LargerSokoban: 8x8 rooms with 2 boxes (its state space, 64^3 states, calls for a pool).

@@ -139,3 +139,13 @@ def test_render_before_and_after_the_pull(env, params, layer, reset, parse_and_s
     after = layer.render_text(jax.tree.map(lambda x: x[0], pulled))
     assert after == f"{names[0]}: {float(reward[0]):.1f} points"
     assert layer.system_text() == "You're a helpful assistant. "
+    compact = env.text_layer(TOK, params, prompt_style="compact")
+    compact_render = jax.jit(jax.vmap(compact.render))
+    for batch in (states, pulled):
+        obs, n = compact_render(batch)
+        for i in range(8):
+            state = jax.tree.map(lambda x: x[i], batch)
+            assert TOK.decode(np.asarray(obs[i, : n[i]]).tolist()) == compact.render_text(state)
+    assert compact.render_text(first) == (f"Arms: {names[0]}, {names[1]}. Pick the arm whose name suggests the "
+                                          "higher average reward.")
+    assert compact.render_text(jax.tree.map(lambda x: x[0], pulled)) == after

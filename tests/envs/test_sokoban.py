@@ -379,3 +379,24 @@ def test_reset_step_render_parse_trace_once_under_jit_vmap(layer):
         _, state, reward, _, _ = step(keys, state, parsed.actions[:, 0])
         jax.block_until_ready((tokens, reward))
     assert counts == {"reset": 1, "step": 1, "render": 1, "parse": 1}
+
+
+def test_compact_render_device_equals_host_and_lists_every_piece():
+    params = SokobanParams(spec=SMALL_2BOX)
+    layer = ENV.text_layer(CharTokenizer(), params, prompt_style="compact")
+    rows = ["######", "#O_O_#", "#____#", "#____#", "#____#", "######"]
+    render = jax.jit(layer.render)
+    expected = [
+        "P (3, 3) X (2, 1), (2, 3) O (1, 1), (1, 3)",
+        "S (1, 3) X (2, 3) \u221a (1, 1) O (1, 1), (1, 3)",
+        "P (4, 4) \u221a (1, 1), (1, 3) O (1, 1), (1, 3)",
+    ]
+    for (boxes, player), first_line in zip(
+        [([(2, 1), (2, 3)], (3, 3)), ([(1, 1), (2, 3)], (1, 3)), ([(1, 1), (1, 3)], (4, 4))], expected
+    ):
+        state = _hand_state(rows, boxes, player)
+        host = layer.render_text(state)
+        grid = ragen_grid_coord(state.fixed, state.boxes, state.player).split("Grid Map: \n")[1]
+        assert host == first_line + "\n" + grid
+        tokens, length = render(state)
+        assert layer.tokenizer.decode(np.asarray(tokens[:length]).tolist()) == host
