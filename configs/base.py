@@ -5,6 +5,8 @@ Every key any part of ragen_jax reads has its default here; task files (configs/
 
     python -m ragen_jax.main --config=configs/sokoban.py --config.trainer.total_steps=50
 
+Algorithm presets (RAGEN-2's main table) are chosen with the config string, e.g.
+``--config=configs/sokoban.py:grpo`` (ppo | grpo | drgrpo | dapo).
 The paper's filter setting is one flag away: ``--config.filter.value=0.9`` (top-p 0.9, linear mode,
 as RAGEN's README recommends); the main table used softmax mode: add ``--config.filter.top_p_mode=softmax``.
 """
@@ -14,12 +16,26 @@ from __future__ import annotations
 import ml_collections
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
+    """RAGEN-2's defaults; ``algorithm`` (the ":grpo" in ``--config=configs/base.py:grpo``) applies a preset."""
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.mode = "train"  # train | eval
+    c.mode = "train"  # train | eval | sft (build the supervised warm start only)
     c.run_dir = ""  # default: runs/<env.name>-<algorithm.name>-seed<seed>
-    c.init = "random"  # random initial weights (preset) or the weights of model.hf_path / gguf_path
+    # random: random preset weights, or the weights of model.hf_path / gguf_path;
+    # sft: the supervised warm start (ragen_jax/sft.py), built and cached under sft.cache_dir if missing.
+    c.init = "random"
+
+    # Supervised warm start on solver demonstrations (used by init=sft and mode=sft).
+    c.sft = ml_collections.ConfigDict()
+    c.sft.demos = 2048  # demonstration episodes (seeds far from the training and validation seeds)
+    c.sft.noisy_fraction = 0.3  # share of episodes with one random suboptimal turn
+    c.sft.steps = 300  # AdamW steps
+    c.sft.batch_size = 32  # whole episodes per step
+    c.sft.lr = 1e-3  # peak learning rate (10% warm-up, cosine decay to 10%)
+    c.sft.val_episodes = 64  # held-out validation episodes per decoding mode after training (0: skip)
+    c.sft.seed = 0  # model init, demo noise and batch order; separate from `seed` so RL seeds share one warm start
+    c.sft.cache_dir = "runs/warm_starts"  # <cache_dir>/<env>-<hash of every setting that changes it>/
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = "qwen2.5-3b"  # RAGEN-2's default model size; task files pick "tiny" for CPU
@@ -59,7 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.validation.greedy = False
 
     c.algorithm = ml_collections.ConfigDict()
-    c.algorithm.name = "ppo"  # preset: ppo | grpo | drgrpo | dapo (see apply_algorithm_preset)
+    # Preset ppo | grpo | drgrpo | dapo, chosen with the config string: --config=configs/<task>.py:grpo
+    # (apply_algorithm_preset sets the keys below; --config.algorithm.* overrides still apply after it).
+    c.algorithm.name = "ppo"
     c.algorithm.adv_estimator = "gae"  # gae | grpo | rloo
     c.algorithm.gamma = 1.0
     c.algorithm.lam = 1.0
@@ -131,7 +149,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
     c.mesh.distributed = "auto"  # auto (TPU pods) | on | off
-    return c
+    return apply_algorithm_preset(c, algorithm) if algorithm else c
 
 
 ALGORITHM_PRESETS = {
@@ -153,16 +171,19 @@ def apply_algorithm_preset(config: ml_collections.ConfigDict, name: str) -> ml_c
 
 
 def cpu_task_config(env_name: str, *, max_turns: int, max_new_tokens: int, total_steps: int,
-                    env_params: dict, max_actions_per_turn: int = 2) -> ml_collections.ConfigDict:
-    """RAGEN-2's defaults shrunk for the CPU default of one task: tiny preset, compact prompts, 4 x 8
-    episodes per step, a higher learning rate for the small model, validation on 64 episodes."""
-    c = get_config()
+                    env_params: dict, max_actions_per_turn: int = 2, algorithm: str = "") -> ml_collections.ConfigDict:
+    """RAGEN-2's defaults shrunk for the CPU default of one task: tiny preset started from the supervised
+    warm start, compact prompts, 4 x 8 episodes per step, a higher learning rate for the small model,
+    validation on 64 episodes, and GRPO unless ``algorithm`` names another preset: without a critic the
+    update costs half as much on 2 cores, and group-relative advantages need no value function to warm
+    up over a run of a few dozen steps (PPO is one config string away: configs/<task>.py:ppo)."""
+    c = get_config(algorithm or "grpo")
     c.env.name = env_name
     c.env.prompt_style = "compact"
     c.env.max_actions_per_turn = max_actions_per_turn
     c.env.params = env_params
     c.model.preset = "tiny"
-    c.init = "random"  # the supervised warm start has not landed yet
+    c.init = "sft"  # RL from random weights cannot discover the answer format
     c.rollout.n_groups = 4
     c.rollout.group_size = 8
     c.rollout.max_turns = max_turns

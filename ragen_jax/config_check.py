@@ -20,8 +20,8 @@ class ConfigError(ValueError):
 
 # Allowed values of the string-valued keys; everything else is free-form or numeric.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "mode": ("train", "eval"),
-    "init": ("random",),
+    "mode": ("train", "eval", "sft"),
+    "init": ("random", "sft"),
     "model.dtype": ("float32", "bfloat16"),
     "model.tokenizer": ("char", "hf"),
     "model.chat_style": ("qwen", "llama3"),
@@ -116,6 +116,11 @@ def check_config(config: Mapping, *, env_names: Iterable[str], model_presets: It
         raise ConfigError(
             f"unknown model preset '{config.model.preset}' (config.model.preset)"
             + (f"; did you mean '{hint[0]}'?" if hint else "")
+        )
+    if (config.init == "sft" or config.mode == "sft") and (config.model.hf_path or config.model.gguf_path):
+        raise ConfigError(
+            "the supervised warm start trains a preset model from scratch; with model.hf_path / gguf_path "
+            "the pretrained weights are the start: set config.init=random"
         )
     if config.model.overrides:
         import dataclasses

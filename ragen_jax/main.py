@@ -1,7 +1,8 @@
 """The command line: ``python -m ragen_jax.main --config=configs/countdown.py [--config.key=value ...]``.
 
 Modes (``--config.mode``): ``train`` (default) trains and validates, ``eval`` runs the validation
-rollouts of the latest checkpoint in the run directory.
+rollouts of the latest checkpoint in the run directory, ``sft`` builds (or finds) the supervised warm
+start that ``init=sft`` starts from and prints its metrics.
 The resolved config is printed and written to ``RUN_DIR/config.json``. Bad keys, bad values, a missing
 ``hf_path`` and an unknown environment fail before any compilation with a one-line reason (exit 2).
 """
@@ -39,6 +40,11 @@ def precheck_argv(argv: list[str]) -> None:
         raise ConfigError(f"config file {path!r} does not exist")
     config = load_config_file(path)
     check_override_keys(argv, config)
+    if any(arg.startswith("--config.algorithm.name") for arg in argv):
+        raise ConfigError(
+            "choose an algorithm preset with the config string, e.g. --config=configs/sokoban.py:grpo "
+            "(ppo | grpo | drgrpo | dapo); --config.algorithm.name alone would only rename the run"
+        )
 
 
 def load_config_file(path: str):
@@ -79,7 +85,13 @@ def _main(argv: list[str]) -> None:
             f.write(config.to_json(indent=2))
             f.write("\n")
 
-    if config.mode == "eval":
+    if config.mode == "sft":
+        from ragen_jax.sft import build_warm_start, read_metrics
+
+        path = build_warm_start(config)
+        summary = {k: v for k, v in read_metrics(path).items() if k != "loss_curve"}
+        print(json.dumps({"warm_start": path, **summary}, indent=2, default=float))
+    elif config.mode == "eval":
         from ragen_jax.trainer import evaluate
 
         print(json.dumps(evaluate(config, run_dir), indent=2))

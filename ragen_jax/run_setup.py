@@ -61,6 +61,11 @@ def build_policy(config, tokenizer: Tokenizer) -> tuple[Transformer, Any]:
                 f"{tokenizer.vocab_size}; use preset 'tiny' with the character tokenizer, or model.hf_path"
             )
         actor = Transformer(cfg, rngs=rngs)
+    if config.init == "sft":
+        from ragen_jax.sft import load_warm_start
+
+        # Before the critic copies the actor's backbone, so the critic starts from the warm start too.
+        nnx.update(actor, load_warm_start(config, actor))
     critic = None
     if config.algorithm.adv_estimator == "gae":
         from ragen_jax.critic import Critic

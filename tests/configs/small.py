@@ -1,7 +1,8 @@
 """A task config shrunk for tests: ``--config=tests/configs/small.py:frozen_lake`` (any task name).
 
 Same code paths as the real task config (rollout, MI, filter, PPO + critic, validation, checkpoints),
-with a 2-layer d=64 model, 2 groups x 2 samples, 2 turns of 16 tokens, random init (no warm start).
+with a 2-layer d=64 model, 2 groups x 2 samples, 2 turns of 16 tokens, random init (no warm start;
+tests/test_sft.py covers init=sft).
 """
 
 import importlib.util
@@ -13,7 +14,7 @@ def get_config(task: str = "frozen_lake"):
     spec = importlib.util.spec_from_file_location(f"_task_{task}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    c = module.get_config()
+    c = module.get_config("ppo")  # PPO: the critic's code paths too
     c.init = "random"
     c.model.overrides = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
                          "num_kv_heads": 2, "head_dim": 16}

@@ -1,0 +1,200 @@
+"""Supervised warm start: the loss, training, batching and the cache.
+
+The loss is checked against a plain numpy cross-entropy over the model's full logits; training on a
+small model (d=64, 2 layers) must lower it; the cache must be reused, keyed by the settings, and never
+taken from a half-written directory.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs.frozen_lake import get_config
+from envs.frozen_lake import FrozenLake
+from ragen_jax import sft
+from ragen_jax.demos import DemoWriter, demo_seeds
+from ragen_jax.models.config import get_preset
+from ragen_jax.models.tokenizers import CharTokenizer
+from ragen_jax.models.transformer import Transformer
+from ragen_jax.rollout_layout import RolloutConfig
+
+TOK = CharTokenizer()
+SMALL_OVERRIDES = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+SMALL = get_preset("tiny", **SMALL_OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    config = RolloutConfig(max_turns=2, max_new_tokens=96, prompt_style="compact")
+    return DemoWriter(FrozenLake(), None, TOK, config).write(demo_seeds(6), noisy_fraction=0.3)
+
+
+def small_model(seed: int = 0) -> Transformer:
+    return Transformer(SMALL, rngs=nnx.Rngs(seed))
+
+
+def numpy_cross_entropy(model, tokens, valid, mask) -> float:
+    """-mean over masked positions t of log softmax(logits[t-1])[tokens[t]] (rows are right-padded)."""
+    logits = np.asarray(model(jnp.asarray(tokens), jnp.asarray(valid))[0], np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    logsoft = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    total, count = 0.0, 0
+    for b in range(tokens.shape[0]):
+        for t in range(1, tokens.shape[1]):
+            if mask[b, t] and valid[b, t]:
+                total -= logsoft[b, t - 1, tokens[b, t]]
+                count += 1
+    return total / count
+
+
+def test_batches_hold_whole_episodes_in_their_bucket(episodes):
+    batches = sft.DemoBatches(episodes, batch_size=3, pad_id=TOK.pad_id, seed=0, bucket=128)
+    for _ in range(4):
+        tokens, valid, mask = batches.next()
+        assert tokens.shape[1] % 128 == 0 and tokens.shape[1] in batches.lengths
+        for row in range(3):
+            n = int(valid[row].sum())
+            match = [e for e in episodes if e.length == n and np.array_equal(e.tokens, tokens[row, :n])]
+            assert match and np.array_equal(mask[row, :n], match[0].loss_mask)
+            assert not valid[row, n:].any() and (tokens[row, n:] == TOK.pad_id).all()
+            assert tokens.shape[1] - 128 < n <= tokens.shape[1]
+
+
+def test_sft_loss_is_the_response_cross_entropy(episodes):
+    model = small_model()
+    batches = sft.DemoBatches(episodes, batch_size=2, pad_id=TOK.pad_id, seed=1)
+    tokens, valid, mask = batches.next()
+    loss, count = sft.sft_loss(model, jnp.asarray(tokens), jnp.asarray(valid), jnp.asarray(mask))
+    assert int(count) == int(mask.sum())
+    np.testing.assert_allclose(float(loss), numpy_cross_entropy(model, tokens, valid, mask), rtol=1e-5)
+
+
+def test_a_few_steps_lower_the_loss_and_compile_once_per_bucket(episodes):
+    model = small_model()
+    settings = sft.SFTSettings(demos=len(episodes), steps=12, batch_size=4, lr=3e-3)
+    fixed = sft.DemoBatches(episodes, batch_size=4, pad_id=TOK.pad_id, seed=5).next()
+    before = float(sft.sft_loss(model, *map(jnp.asarray, fixed))[0])
+    params, metrics = sft.train_on_demos(model, episodes, settings, TOK.pad_id, seed=0, log=None)
+    after = float(sft.sft_loss(nnx.merge(nnx.split(model)[0], params), *map(jnp.asarray, fixed))[0])
+    assert after < before - 0.5, (before, after)
+    assert metrics["loss_last"] < metrics["loss_first"]
+    assert metrics["compiles"] <= len(metrics["buckets"])
+    # The caller's model is untouched (the step donates a copy).
+    assert float(sft.sft_loss(model, *map(jnp.asarray, fixed))[0]) == pytest.approx(before)
+
+
+def test_bad_settings_raise_clear_errors():
+    config = get_config()
+    config.sft.steps = 0
+    with pytest.raises(ValueError, match="sft.steps"):
+        sft.SFTSettings.from_config(config)
+    config = get_config()
+    config.sft.lr = 0.0
+    with pytest.raises(ValueError, match="sft.lr"):
+        sft.SFTSettings.from_config(config)
+    with pytest.raises(ValueError, match="noisy_fraction"):
+        DemoWriter(FrozenLake(), None, TOK, RolloutConfig(max_new_tokens=96, prompt_style="compact")).write(
+            demo_seeds(1), noisy_fraction=1.5)
+
+
+# ------------------------------------------------------------------------------------------------------
+# The cache
+# ------------------------------------------------------------------------------------------------------
+def cache_config(tmp_path) -> ml_collections.ConfigDict:
+    c = get_config()
+    c.model.overrides = ml_collections.ConfigDict(SMALL_OVERRIDES)
+    c.rollout.max_turns = 2
+    c.rollout.max_new_tokens = 96
+    c.sft.demos, c.sft.steps, c.sft.batch_size = 3, 2, 2
+    c.sft.val_episodes = 0
+    c.sft.cache_dir = str(tmp_path / "sft_cache")
+    return c
+
+
+def test_key_covers_the_settings_that_change_the_warm_start(tmp_path):
+    base = cache_config(tmp_path)
+    key = sft.warm_start_key(base)
+    assert key.startswith("frozen_lake-")
+    changes = [("sft", "steps", 3), ("sft", "noisy_fraction", 0.5), ("env", "prompt_style", "ragen"),
+               ("model", "preset", "qwen2.5-0.5b"), ("rollout", "max_new_tokens", 128), ("sft", "seed", 1)]
+    for group, name, value in changes:
+        other = cache_config(tmp_path)
+        setattr(other if group is None else other[group], name, value)
+        assert sft.warm_start_key(other) != key, (group, name)
+    other = cache_config(tmp_path)
+    other.env.params = {"max_actions": 10, "success_rate": 0.8}
+    assert sft.warm_start_key(other) != key
+    other = cache_config(tmp_path)
+    other.model.overrides.hidden_size = 128
+    assert sft.warm_start_key(other) != key
+    other = cache_config(tmp_path)
+    other.sft.cache_dir = str(tmp_path / "elsewhere")
+    other.seed = 7  # the RL seed: every RL seed starts from the same warm start
+    assert sft.warm_start_key(other) == key
+
+
+def test_cache_is_built_once_reused_and_never_taken_half_written(tmp_path, monkeypatch):
+    config = cache_config(tmp_path)
+    calls = []
+    real_train = sft.train_sft
+
+    def counting_train(*args, **kwargs):
+        out = real_train(*args, **kwargs)
+        calls.append(out[0])
+        return out
+
+    monkeypatch.setattr(sft, "train_sft", counting_train)
+    final = sft.warm_start_path(config)
+    # A leftover temporary directory of an interrupted build and a final directory without the
+    # COMPLETE marker are both ignored: the warm start is (re)built.
+    os.makedirs(os.path.join(os.path.dirname(final), f".tmp-{os.path.basename(final)}-dead"))
+    os.makedirs(os.path.join(final, "checkpoint"))
+    path = sft.build_warm_start(config, log=None)
+    assert path == final and sft.is_complete(path) and len(calls) == 1
+    assert os.path.isfile(os.path.join(path, sft.METRICS_FILE))
+    metrics = sft.read_metrics(path)
+    assert metrics["key"] == sft.warm_start_key(config)
+    assert "loss_last" in metrics and np.isfinite(metrics["loss_last"])
+    # Second call: cached, no training.
+    assert sft.build_warm_start(config, log=None) == path and len(calls) == 1
+    # load_warm_start restores exactly the trained parameters into a model of the same structure.
+    model = Transformer(get_preset("tiny", **SMALL_OVERRIDES), rngs=nnx.Rngs(123))
+    restored = sft.load_warm_start(config, model, log=None)
+    assert len(calls) == 1
+    trained = jax.tree.leaves(calls[0])
+    loaded = jax.tree.leaves(restored)
+    assert len(trained) == len(loaded)
+    for a, b in zip(trained, loaded):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    nnx.update(model, restored)  # fits the model it was loaded for
+    # Only the finished directory and the dead temporary one (untouched) are in the cache dir.
+    assert sorted(os.listdir(os.path.dirname(final)))[-1] == os.path.basename(final)
+
+
+def test_hf_models_are_refused_with_a_clear_message(tmp_path):
+    config = cache_config(tmp_path)
+    config.model.hf_path = "/nonexistent/qwen"
+    with pytest.raises(ValueError, match="init='random'"):
+        sft.build_parts(config)
+
+
+def test_init_sft_starts_actor_and_critic_from_the_cached_warm_start(tmp_path):
+    from ragen_jax.run_setup import build_policy, build_tokenizer
+
+    config = cache_config(tmp_path)
+    config.init = "sft"
+    config.algorithm.adv_estimator = "gae"  # with a critic, which copies the actor's backbone
+    model = Transformer(get_preset("tiny", **SMALL_OVERRIDES), rngs=nnx.Rngs(0))
+    warm = sft.load_warm_start(config, model, log=None)  # builds the cache
+    actor, critic = build_policy(config, build_tokenizer(config))
+    for a, b in zip(jax.tree.leaves(nnx.state(actor)), jax.tree.leaves(warm)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    critic_embed = np.asarray(critic.backbone.embed.embedding[...])
+    np.testing.assert_array_equal(critic_embed, np.asarray(warm["embed"]["embedding"][...]))
