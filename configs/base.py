@@ -28,10 +28,10 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
 
     # Supervised warm start on solver demonstrations (used by init=sft and mode=sft).
     c.sft = ml_collections.ConfigDict()
-    c.sft.demos = 2048  # demonstration episodes (seeds far from the training and validation seeds)
+    c.sft.demos = 1024  # demonstration episodes (seeds far from the training and validation seeds)
     c.sft.noisy_fraction = 0.3  # share of episodes with one random suboptimal turn
-    c.sft.steps = 300  # AdamW steps
-    c.sft.batch_size = 32  # whole episodes per step
+    c.sft.steps = 120  # AdamW steps (tiny preset, FrozenLake: about 5 min on 2 CPU cores)
+    c.sft.batch_size = 16  # whole episodes per step
     c.sft.lr = 1e-3  # peak learning rate (10% warm-up, cosine decay to 10%)
     c.sft.val_episodes = 64  # held-out validation episodes per decoding mode after training (0: skip)
     c.sft.seed = 0  # model init, demo noise and batch order; separate from `seed` so RL seeds share one warm start

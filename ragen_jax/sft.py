@@ -66,10 +66,10 @@ class SFTSettings:
     """The ``sft.*`` settings (configs/base.py documents each). val_episodes: held-out validation
     episodes per decoding mode (0: skip); seed: model init, demo noise and batch order."""
 
-    demos: int = 2048
+    demos: int = 1024
     noisy_fraction: float = 0.3
-    steps: int = 300
-    batch_size: int = 32
+    steps: int = 120
+    batch_size: int = 16
     lr: float = 1e-3
     val_episodes: int = DEFAULT_VAL_EPISODES
     seed: int = 0

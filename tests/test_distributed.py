@@ -80,7 +80,8 @@ from configs.bandit import get_config
 from ragen_jax.trainer import TrainState, build_run
 
 run_dir = os.environ["RUN_DIR"]
-c = get_config()
+c = get_config("ppo")
+c.init = "random"  # no supervised warm start for this test model
 c.model.preset = "sharding-test"
 c.rollout.n_groups, c.rollout.group_size, c.rollout.max_new_tokens = 2, 4, 8
 c.algorithm.mini_batch_size, c.algorithm.micro_batch_size = 8, 4

@@ -259,7 +259,8 @@ PRESETS["sharding-test"] = ModelConfig(vocab_size=264, hidden_size=64, intermedi
 from configs.bandit import get_config
 from ragen_jax.trainer import build_run
 
-c = get_config()
+c = get_config("ppo")
+c.init = "random"  # no supervised warm start for this test model
 c.model.preset = "sharding-test"
 c.rollout.n_groups, c.rollout.group_size, c.rollout.max_new_tokens = 2, 4, 8   # 8 rows
 c.algorithm.mini_batch_size, c.algorithm.micro_batch_size = 8, 4
