@@ -44,9 +44,20 @@ def build_env(config) -> tuple[Any, Any]:
     return make(config.env.name, **dict(config.env.params))
 
 
+def build_preset_model(config, tokenizer: Tokenizer, seed: int) -> Transformer:
+    """A freshly initialised ``model.preset`` (with ``model.overrides``) from ``nnx.Rngs(seed)``."""
+    overrides = config.model.get("overrides", None) or {}
+    cfg = get_preset(config.model.preset, dtype=config.model.dtype, **dict(overrides))
+    if cfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"model preset {config.model.preset!r} has vocab_size {cfg.vocab_size} < the tokenizer's "
+            f"{tokenizer.vocab_size}; use preset 'tiny' with the character tokenizer, or model.hf_path"
+        )
+    return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
 def build_policy(config, tokenizer: Tokenizer) -> tuple[Transformer, Any]:
     """(actor, critic or None). The critic (PPO/GAE only) starts as a copy of the actor's backbone."""
-    rngs = nnx.Rngs(config.seed)
     if config.model.hf_path:
         from ragen_jax.models.hf_io import load_hf_checkpoint
 
@@ -54,13 +65,7 @@ def build_policy(config, tokenizer: Tokenizer) -> tuple[Transformer, Any]:
     elif config.model.gguf_path:
         actor = _gguf(config.model.gguf_path, config.model.dtype)[0]
     else:
-        cfg = get_preset(config.model.preset, dtype=config.model.dtype, **dict(config.model.overrides))
-        if cfg.vocab_size < tokenizer.vocab_size:
-            raise ValueError(
-                f"model preset {config.model.preset!r} has vocab_size {cfg.vocab_size} < the tokenizer's "
-                f"{tokenizer.vocab_size}; use preset 'tiny' with the character tokenizer, or model.hf_path"
-            )
-        actor = Transformer(cfg, rngs=rngs)
+        actor = build_preset_model(config, tokenizer, config.seed)
     if config.init == "sft":
         from ragen_jax.sft import load_warm_start
 

@@ -44,7 +44,6 @@ import optax
 from flax import nnx
 
 from ragen_jax.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
-from ragen_jax.models.config import get_preset
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
 from ragen_jax.optim import in_float32
@@ -111,7 +110,7 @@ def model_overrides(config: Any) -> dict[str, Any]:
 
 def build_parts(config: Any) -> Parts:
     """Tokenizer, env, rollout settings and a freshly initialised model (seed ``config.sft.seed``)."""
-    from ragen_jax.run_setup import build_env, build_tokenizer
+    from ragen_jax.run_setup import build_env, build_preset_model, build_tokenizer
     from ragen_jax.trainer import rollout_config
 
     if config.model.hf_path or config.model.get("gguf_path", ""):
@@ -121,13 +120,7 @@ def build_parts(config: Any) -> Parts:
         )
     tokenizer = build_tokenizer(config)
     env, env_params = build_env(config)
-    cfg = get_preset(config.model.preset, dtype=config.model.dtype, **model_overrides(config))
-    if cfg.vocab_size < tokenizer.vocab_size:
-        raise ValueError(
-            f"model preset {config.model.preset!r} has vocab_size {cfg.vocab_size} < the tokenizer's "
-            f"{tokenizer.vocab_size}; use the 'tiny' preset with the character tokenizer"
-        )
-    model = Transformer(cfg, rngs=nnx.Rngs(SFTSettings.from_config(config).seed))
+    model = build_preset_model(config, tokenizer, SFTSettings.from_config(config).seed)
     return Parts(tokenizer, env, env_params, rollout_config(config), model)
 
 

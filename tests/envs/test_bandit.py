@@ -127,25 +127,20 @@ def test_render_before_and_after_the_pull(env, params, layer, reset, parse_and_s
     texts = [f"</think><answer>{ARM_NAMES[arms[i, i % 2]]}</answer>" for i in range(8)]
     tokens, lengths = answer_tokens(texts)
     _, pulled, reward, _, _ = parse_and_step(jax.random.split(jax.random.PRNGKey(7), 8), states, tokens, lengths)
-    render = jax.jit(jax.vmap(layer.render))
-    for batch in (states, pulled):
-        obs, n = render(batch)
-        for i in range(8):
-            state = jax.tree.map(lambda x: x[i], batch)
-            assert TOK.decode(np.asarray(obs[i, : n[i]]).tolist()) == layer.render_text(state)
+    compact = env.text_layer(TOK, params, prompt_style="compact")
+    for lay in (layer, compact):  # the device render decodes to the host text in both styles
+        render = jax.jit(jax.vmap(lay.render))
+        for batch in (states, pulled):
+            obs, n = render(batch)
+            for i in range(8):
+                state = jax.tree.map(lambda x: x[i], batch)
+                assert TOK.decode(np.asarray(obs[i, : n[i]]).tolist()) == lay.render_text(state)
     first = jax.tree.map(lambda x: x[0], states)
     names = [ARM_NAMES[i] for i in arms[0]]
     assert layer.render_text(first) == INIT_PROMPT.format(name_a=names[0], name_b=names[1])
     after = layer.render_text(jax.tree.map(lambda x: x[0], pulled))
     assert after == f"{names[0]}: {float(reward[0]):.1f} points"
     assert layer.system_text() == "You're a helpful assistant. "
-    compact = env.text_layer(TOK, params, prompt_style="compact")
-    compact_render = jax.jit(jax.vmap(compact.render))
-    for batch in (states, pulled):
-        obs, n = compact_render(batch)
-        for i in range(8):
-            state = jax.tree.map(lambda x: x[i], batch)
-            assert TOK.decode(np.asarray(obs[i, : n[i]]).tolist()) == compact.render_text(state)
     assert compact.render_text(first) == (f"Arms: {names[0]}, {names[1]}. Pick the arm whose name suggests the "
                                           "higher average reward.")
     assert compact.render_text(jax.tree.map(lambda x: x[0], pulled)) == after
