@@ -76,6 +76,9 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra --config.KEY=VALUE overrides for every run (e.g. trainer.total_steps=10)")
+    p.add_argument("--at-step", type=int, default=None,
+                   help="read 'after RL' at this step's validation instead of the last one (runs that went on "
+                        "longer, e.g. one seed of 40 steps in a table of 30)")
     p.add_argument("--out-dir", default="runs/learning")
     p.add_argument("--result", default=str(ROOT / "benchmarks" / "results" / "learning.json"))
     a = p.parse_args()
@@ -103,6 +106,12 @@ def main() -> None:
             wall = finished["wall_time_s"]
             vals = _validations(run_dir)
             first, last = vals[0], vals[-1]
+            if a.at_step is not None:
+                at = [v for v in vals if v["step"] == a.at_step]
+                if not at:
+                    raise SystemExit(f"{run_dir} has no validation at step {a.at_step}: "
+                                     f"{[v['step'] for v in vals]}")
+                last = at[0]
             runs.append({"seed": seed, "wall_s": wall, "warm_start_success": first["val/success"],
                          "after_rl_success": last["val/success"], "after_rl_step": last["step"],
                          "val_episodes": last.get("val/num_episodes"),

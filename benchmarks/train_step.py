@@ -1,25 +1,42 @@
-"""Actor-update throughput: the fused jitted PPO update against the same update in PyTorch.
+"""One training step of a task config: where the time goes, and the update against PyTorch on the same batch.
 
-Both sides run one PPO actor update over the same batch (``--rows`` trajectories of ``--seq-len``
-tokens, right-padded), split the same way into mini-batches (one AdamW step each, grad clip 1.0) and
-micro-batches (gradient accumulation with the mini-batch's token count as the one denominator):
-  jax:   ``ragen_jax.update.make_update_step`` (GRPO advantages, no filter, no critic), ``tiny`` preset;
-  torch: ``transformers.Qwen2ForCausalLM`` loaded from the same weights (``save_hf_checkpoint`` then
-         ``from_pretrained``), the same loss written out in torch (clip 0.2 / 0.28, dual clip 3,
-         entropy bonus 0.001, token-mean), ``torch.set_num_threads(2)``.
-Throughput = trained tokens (the valid tokens the update's forward + backward runs over) per second
-of the whole update (forward, backward, AdamW), steady state (median of ``--repeats``; JAX's first
-call, with compilation, is reported apart). The first update's pg_loss and grad norm of both sides are
-printed as a parity check. tcmalloc is preloaded when present (re-exec). Writes
-benchmarks/results/train_step.json.
+Part 1, phase breakdown. The trainer's objects (``trainer.build_run`` on the mesh the trainer uses) run
+the step's phases one after another for ``--steps`` steps, each phase timed apart; the first step
+(compilation included) is reported apart from the steady state (median of the other steps):
+  rollout  ``Rollout.run``: the multi-turn episodes (generation + env steps + prompt assembly)
+  mi       the MI diagnostics (first-turn and trajectory cross-scoring; the trainer runs them at step 1
+           and every ``mi.every`` steps)
+  scoring  one forward of the actor over the batch in micro-batches (``sequence_logprobs``), which is
+           what each of recomputed old log-probs, reference log-probs (KL) and critic values costs;
+           the default GRPO configs need none of them (the sampler's log-probs are the old log-probs)
+  update   the fused update step exactly as the trainer calls it (filter, the scoring the config asks
+           for, advantages, mini-batch updates with gradient accumulation, AdamW)
 
-    .venv/bin/python benchmarks/train_step.py
-    .venv/bin/python benchmarks/train_step.py --rows 64 --seq-len 512 --mini-batch 32 --micro-batch 8
+Part 2, the update against PyTorch on the same batch and the same weights. One more rollout of the
+trained actor gives a batch whose stored log-probs are both sides' old log-probs; the fused update step
+(the same batch each time) and the same PPO actor update written in PyTorch
+(``transformers.Qwen2ForCausalLM`` loaded from the same weights via ``save_hf_checkpoint``; clip 0.2 /
+0.28, dual clip 3, entropy 0.001, token-mean, the config's mini-batch and micro-batch sizes, AdamW,
+grad clip 1.0, ``torch.set_num_threads(2)``) alternate ``--repeats`` times after one PyTorch warm-up.
+PyTorch gets each row compacted and right-padded to the batch's longest row (what a PyTorch trainer
+feeds its model); ours runs over the rollout's static width with its holes (the layout the rollout
+produces). Throughput = valid tokens of the batch (the same number on both sides) per second of
+update, median. Parity: PyTorch's log-probs of the batch before any update against the log-probs the
+sampler stored.
+
+tcmalloc is preloaded when present and ``OMP_WAIT_POLICY=PASSIVE`` is set (the script re-executes
+itself): PyTorch's OpenMP threads otherwise spin and slow everything when other processes share the
+cores. Writes benchmarks/results/train_step_<env>.json.
+
+    .venv/bin/python benchmarks/train_step.py                          # frozen_lake, random weights
+    .venv/bin/python benchmarks/train_step.py --config configs/countdown.py \\
+        --set init=sft sft.cache_dir=runs/warm_starts                # from the warm start (built if missing)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
@@ -29,92 +46,141 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 _CHILD_FLAG = "RAGEN_BENCH_TRAIN_STEP_CHILD"
 
 
-def _reexec_with_tcmalloc() -> None:
-    """Re-run this script once with tcmalloc preloaded (when the library exists)."""
-    if os.environ.get(_CHILD_FLAG) or not os.path.exists(TCMALLOC):
+def _reexec_with_runtime_env() -> None:
+    """Re-run this script once with tcmalloc preloaded (when present) and passive OpenMP waiting."""
+    if os.environ.get(_CHILD_FLAG):
         return
-    env = dict(os.environ, **{_CHILD_FLAG: "1"})
-    env["LD_PRELOAD"] = (TCMALLOC + " " + env.get("LD_PRELOAD", "")).strip()
+    env = dict(os.environ, **{_CHILD_FLAG: "1", "OMP_WAIT_POLICY": "PASSIVE"})
+    if os.path.exists(TCMALLOC):
+        env["LD_PRELOAD"] = (TCMALLOC + " " + env.get("LD_PRELOAD", "")).strip()
     command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
     os.execvpe(command[0], command, env)
 
 
 def _parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=32, help="trajectories in the batch")
-    parser.add_argument("--seq-len", type=int, default=256, help="static sequence length L")
-    parser.add_argument("--mini-batch", type=int, default=16)
-    parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-6)
-    parser.add_argument("--repeats", type=int, default=3, help="timed updates per side (median kept)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_step.json"))
+    parser.add_argument("--config", default="configs/frozen_lake.py", help="a configs/*.py file (file.py:preset)")
+    parser.add_argument("--set", nargs="*", default=["init=random"], metavar="KEY=VALUE",
+                        help="config overrides (default: init=random, so that nothing is built first)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps timed (the first compiles)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed updates per side on the fixed batch")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/train_step_<env>.json")
     return parser.parse_args()
 
 
-def synthetic_batch(rng, rows: int, length: int, vocab: int):
-    """Right-padded rows: a prompt of L/4..L/2 tokens, then a response filling 50-100 % of the rest."""
+def apply_overrides(config, overrides: list[str]) -> None:
+    """``a.b=value`` strings onto an ml_collections config; values parse as Python literals, else strings."""
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        *parents, leaf = key.split(".")
+        node = config
+        for name in parents:
+            node = node[name]
+        if leaf not in node:
+            raise SystemExit(f"unknown config key {key!r}")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        node[leaf] = value
+
+
+def compact_rows(traj, advantages):
+    """Rows of the rollout layout (holes between turns) as contiguous, right-padded numpy arrays.
+
+    Returns tokens int64[B, Lc], valid bool[B, Lc], loss_mask f32[B, Lc], old_logp f32[B, Lc] (the
+    sampler's log-prob of each token), adv f32[B, Lc] (the episode's advantage on its loss tokens),
+    Lc = the longest row's number of valid tokens.
+    """
     import numpy as np
 
-    tokens = np.zeros((rows, length), np.int32)
-    valid = np.zeros((rows, length), bool)
-    loss_mask = np.zeros((rows, length), bool)
+    t = traj.to_numpy()
+    rows = t.tokens.shape[0]
+    width = int(t.valid.sum(1).max())
+    out = {name: np.zeros((rows, width), dtype) for name, dtype in
+           (("tokens", np.int64), ("valid", bool), ("loss_mask", np.float32), ("old_logp", np.float32),
+            ("adv", np.float32))}
     for b in range(rows):
-        prompt = int(rng.integers(length // 4, length // 2))
-        response = int(rng.integers((length - prompt) // 2, length - prompt + 1))
-        tokens[b, : prompt + response] = rng.integers(8, vocab, prompt + response)
-        valid[b, : prompt + response] = True
-        loss_mask[b, prompt : prompt + response] = True
-    return tokens, valid, loss_mask
+        keep = np.nonzero(t.valid[b])[0]
+        n = len(keep)
+        out["tokens"][b, :n] = t.tokens[b, keep]
+        out["valid"][b, :n] = True
+        out["loss_mask"][b, :n] = t.loss_mask[b, keep]
+        out["old_logp"][b, :n] = np.where(t.loss_mask[b, keep], t.logprobs[b, keep], 0.0)
+        out["adv"][b, :n] = advantages[b] * t.loss_mask[b, keep]
+    return out
 
 
-def torch_update(model, opt, tokens, valid, loss_mask, old_logp, adv, mini: int, micro: int):
-    """The PPO actor update in torch; returns (pg_loss, pre-clip grad norm), each averaged over mini-batches."""
+def torch_token_logprobs(model, tokens, valid, temperature: float):
+    """log p(tokens[:, t] | tokens[:, :t]) at the sampling temperature, t >= 1, right-padded rows: f32[B, L - 1]."""
     import torch
 
-    pg_losses, norms = [], []
-    rows = tokens.shape[0]
-    for start in range(0, rows, mini):
-        sl = slice(start, start + mini)
-        # target t is predicted at t - 1: shift everything by one
-        n_tokens = float(loss_mask[sl, 1:].sum())
+    logits = model(input_ids=tokens, attention_mask=valid.long()).logits[:, :-1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
+
+
+def torch_update(model, opt, batch, mini: int, micro: int, temperature: float):
+    """The PPO actor update in PyTorch over right-padded rows; returns the mean pg_loss over mini-batches.
+
+    Per mini-batch: loss = sum over its loss tokens of (clipped pg - 0.001 entropy) / its loss-token count,
+    accumulated over micro-batches, then grad clip 1.0 and one AdamW step.
+    """
+    import torch
+
+    tokens, valid, loss_mask, old_logp, adv = (batch[k] for k in ("tokens", "valid", "loss_mask", "old_logp", "adv"))
+    pg_losses = []
+    for start in range(0, tokens.shape[0], mini):
+        # target t is predicted at t - 1: masks and old log-probs are indexed by target
+        n_tokens = float(loss_mask[start:start + mini, 1:].sum())
         pg_total = 0.0
         for m in range(start, start + mini, micro):
             ms = slice(m, m + micro)
             ids = tokens[ms]
-            logits = model(input_ids=ids, attention_mask=valid[ms].long()).logits[:, :-1].float()
+            logits = model(input_ids=ids, attention_mask=valid[ms].long()).logits[:, :-1].float() / temperature
             logp_all = torch.log_softmax(logits, dim=-1)
             logp = logp_all.gather(-1, ids[:, 1:, None])[..., 0]
             entropy = -(logp_all.exp() * logp_all).sum(-1)
-            mask = loss_mask[ms, 1:]
-            a = adv[ms, 1:]
-            log_ratio = torch.clamp(logp - old_logp[ms, 1:], -20.0, 20.0)
-            ratio = torch.exp(log_ratio)
+            mask, a = loss_mask[ms, 1:], adv[ms, 1:]
+            # ratio r = exp(logp - old);  L = max(-A r, -A clip(r, 1 - 0.2, 1 + 0.28)), dual clip min(L, -3A) for A < 0
+            ratio = torch.exp(torch.clamp(logp - old_logp[ms, 1:], -20.0, 20.0))
             l_clip = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 0.8, 1.28))
             pg = torch.where(a < 0, torch.minimum(l_clip, -a * 3.0), l_clip)
             pg_sum = (pg * mask).sum()
-            loss = (pg_sum - 0.001 * (entropy * mask).sum()) / n_tokens
-            loss.backward()
+            ((pg_sum - 0.001 * (entropy * mask).sum()) / n_tokens).backward()
             pg_total += float(pg_sum.detach()) / n_tokens
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         pg_losses.append(pg_total)
-    return sum(pg_losses) / len(pg_losses), sum(norms) / len(norms)
+    return sum(pg_losses) / len(pg_losses)
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def _split_first(times: list[float]) -> dict:
+    return {"first_s": times[0], "steady_s": statistics.median(times[1:]) if len(times) > 1 else None,
+            "runs_s": times}
 
 
 def main() -> None:
-    _reexec_with_tcmalloc()
+    _reexec_with_runtime_env()
     args = _parse_args()
+    if args.steps < 2 or args.repeats < 1:
+        raise SystemExit("--steps must be >= 2 (the first compiles) and --repeats >= 1")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    if args.rows % args.mini_batch or args.mini_batch % args.micro_batch or args.rows % args.group_size:
-        raise SystemExit("--rows must be a multiple of --mini-batch and --group-size, "
-                         "--mini-batch a multiple of --micro-batch.")
+    sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)
 
     import jax
     import jax.numpy as jnp
@@ -123,122 +189,132 @@ def main() -> None:
     from flax import nnx
     from transformers import Qwen2ForCausalLM
 
-    from ragen_jax.models.config import get_preset
+    from ragen_jax import sharding
+    from ragen_jax.main import load_config_file
     from ragen_jax.models.hf_io import save_hf_checkpoint
     from ragen_jax.models.logprobs import sequence_logprobs
-    from ragen_jax.models.transformer import Transformer
-    from ragen_jax.optim import make_optimizer
     from ragen_jax.rl.advantages import grpo_advantages
-    from ragen_jax.rl.losses import ActorLossConfig
-    from ragen_jax.trajectories import finalize
-    from ragen_jax.update import UpdateConfig, make_update_step
+    from ragen_jax.trainer import build_run, mi_diagnostics
 
-    tcmalloc = TCMALLOC in os.environ.get("LD_PRELOAD", "")
     torch.set_num_threads(2)
-    cfg = get_preset("tiny")
-    actor = Transformer(cfg, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(actor)
-    rng = np.random.default_rng(0)
-    rows, length = args.rows, args.seq_len
-    tokens, valid, loss_mask = synthetic_batch(rng, rows, length, cfg.vocab_size)
-    old_logp = np.asarray(jax.jit(lambda p, t, v: sequence_logprobs(nnx.merge(graphdef, p), t, v)[0])(
-        params, tokens, valid))
-    old_logp = np.where(loss_mask, old_logp, 0.0).astype(np.float32)
-    rewards = rng.normal(size=rows).astype(np.float32)
-    groups = rows // args.group_size
-    seq_adv = np.asarray(grpo_advantages(rewards.reshape(groups, args.group_size))).reshape(rows)
-    trained_tokens = int(valid.sum())
-    loss_tokens = int(loss_mask.sum())
+    config = load_config_file(args.config)
+    apply_overrides(config, args.set)
+    run, state = build_run(config)
+    run, state = sharding.shard_run(run, state, sharding.make_mesh(config))
+    alg, r = config.algorithm, run.rollout_cfg
+    micro = alg.micro_batch_size
+    chunk = int(alg.get("logprob_chunk", 128))
+    recompute = bool(alg.get("recompute_old_logprobs", False))
 
-    # ---- JAX: the fused update step -----------------------------------------------------------
-    zeros = lambda dtype, *shape: np.zeros(shape, dtype)
-    traj = finalize(
-        tokens=tokens, valid=valid, loss_mask=loss_mask, logprobs=old_logp, entropy=zeros(np.float32, rows, length),
-        turn_ids=zeros(np.int32, rows, length), reasoning_mask=zeros(bool, rows, length),
-        prompt_spans=zeros(np.int32, rows, 1, 2), turn_active=np.ones((rows, 1), bool),
-        turn_rewards=rewards[:, None], turn_penalties=zeros(np.float32, rows, 1),
-        turn_format_ok=np.ones((rows, 1), bool), turn_valid_actions=zeros(np.int32, rows, 1),
-        turn_executed=zeros(np.int32, rows, 1), response_lengths=loss_mask.sum(1, keepdims=True),
-        success=zeros(bool, rows), group_ids=np.repeat(np.arange(groups), args.group_size),
-        seeds=np.repeat(np.arange(groups), args.group_size), episode_ids=np.arange(rows),
-        sample_turn=np.full(rows, -1), xp=np,
-    )
-    traj = jax.tree.map(jnp.asarray, traj)
-    config = UpdateConfig(
-        adv_estimator="grpo", actor_loss=ActorLossConfig(agg_mode="token-mean"), mini_batch_size=args.mini_batch,
-        micro_batch_size=args.micro_batch, group_size=args.group_size,
-    )
-    tx = make_optimizer(args.lr)
-    step = make_update_step(graphdef, None, config, tx, None)
-    state = {"params": jax.tree.map(jnp.copy, params)}
-    state["opt"] = tx.init(state["params"])
+    @jax.jit
+    def score(params, tokens, valid):
+        """One actor forward over the batch, micro-batch by micro-batch: f32[B, S] log-probs."""
+        model = nnx.merge(run.actor_graphdef, params)
+        split = lambda x: x.reshape(-1, micro, *x.shape[1:])
+        logp = jax.lax.map(lambda tv: sequence_logprobs(model, tv[0], tv[1], r.temperature, chunk)[0],
+                           (split(tokens), split(valid)))
+        return logp.reshape(tokens.shape)
 
-    def jax_update():
-        out = step(state["params"], None, state["opt"], None, None, traj, jax.random.key(0))
-        jax.block_until_ready(out.actor_params)
-        state["params"], state["opt"] = out.actor_params, out.actor_opt_state
-        return out
+    # ---- part 1: phases ------------------------------------------------------------------------
+    times = {"rollout": [], "mi": [], "scoring": [], "update": []}
+    generated = []
+    for step in range(1, args.steps + 1):
+        key = jax.random.fold_in(jax.random.key(config.seed), step)
+        k_roll, k_mi, k_upd = jax.random.split(key, 3)
+        traj, dt = _timed(lambda: jax.block_until_ready(
+            run.rollout.run(state.actor, k_roll, r.train_seeds(step - 1))))
+        times["rollout"].append(dt)
+        generated.append(int(np.asarray(traj.loss_mask).sum()))
+        (_, state.mi_ema), dt = _timed(lambda: jax.block_until_ready(mi_diagnostics(run, state, traj, k_mi)))
+        times["mi"].append(dt)
+        _, dt = _timed(lambda: jax.block_until_ready(score(state.actor, traj.tokens, traj.valid)))
+        times["scoring"].append(dt)
+        result, dt = _timed(lambda: jax.block_until_ready(run.update_step(
+            state.actor, state.critic, state.actor_opt, state.critic_opt, state.ref, traj, k_upd)))
+        times["update"].append(dt)
+        state.actor, state.critic = result.actor_params, result.critic_params
+        state.actor_opt, state.critic_opt = result.actor_opt_state, result.critic_opt_state
+        print(f"step {step}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()), flush=True)
+    phases = {k: _split_first(v) for k, v in times.items()}
 
-    start = time.perf_counter()
-    first_out = jax_update()
-    jax_first = time.perf_counter() - start
-    jax_times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        jax_update()
-        jax_times.append(time.perf_counter() - start)
-
-    # ---- torch: the same update on the same weights ---------------------------------------------
+    # ---- part 2: the update on the last batch, ours vs PyTorch -------------------------------------
+    # A fresh batch from the current actor, so that the sampler's log-probs are the old log-probs
+    # of both updates; the export comes before our updates, which donate (free) the parameters.
+    traj = jax.block_until_ready(run.rollout.run(state.actor, jax.random.key(config.seed + 1),
+                                                 r.train_seeds(args.steps)))
+    sequence_slots, valid_tokens = int(np.prod(traj.tokens.shape)), int(np.asarray(traj.valid).sum())
     with tempfile.TemporaryDirectory() as tmp:
-        save_hf_checkpoint(actor, tmp)
+        save_hf_checkpoint(nnx.merge(run.actor_graphdef, state.actor), tmp)
         model = Qwen2ForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32, attn_implementation="eager")
+    rewards = np.asarray(traj.episode_reward).reshape(r.n_groups, r.group_size)
+    adv = np.asarray(grpo_advantages(rewards)).reshape(-1)
+    batch_np = compact_rows(traj, adv)
+    batch = {k: torch.from_numpy(v) for k, v in batch_np.items()}
+    with torch.no_grad():
+        torch_logp = torch_token_logprobs(model, batch["tokens"], batch["valid"], r.temperature).numpy()
+    mask = batch_np["loss_mask"][:, 1:] > 0
+    logp_gap = float(np.abs(torch_logp - batch_np["old_logp"][:, 1:])[mask].max())
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    t_args = (torch.tensor(tokens, dtype=torch.long), torch.tensor(valid), torch.tensor(loss_mask, dtype=torch.float32),
-              torch.tensor(old_logp), torch.tensor(seq_adv[:, None] * loss_mask, dtype=torch.float32))
-    start = time.perf_counter()
-    torch_first_pg, torch_first_norm = torch_update(model, opt, *t_args, args.mini_batch, args.micro_batch)
-    torch_first = time.perf_counter() - start
-    torch_times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        torch_update(model, opt, *t_args, args.mini_batch, args.micro_batch)
-        torch_times.append(time.perf_counter() - start)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.optim.actor_lr, betas=(config.optim.b1, config.optim.b2),
+                            eps=1e-8, weight_decay=config.optim.weight_decay)
+    torch_update(model, opt, batch, alg.mini_batch_size, micro, r.temperature)  # warm-up
+    # The two sides alternate, so that a change of load on the shared machine hits both alike.
+    jax_times, torch_times = [], []
+    params, opt_state = state.actor, state.actor_opt
+    for i in range(args.repeats):
+        result, dt = _timed(lambda: jax.block_until_ready(run.update_step(
+            params, state.critic, opt_state, state.critic_opt, state.ref, traj, jax.random.key(i))))
+        params, opt_state = result.actor_params, result.actor_opt_state
+        jax_times.append(dt)
+        _, dt = _timed(lambda: torch_update(model, opt, batch, alg.mini_batch_size, micro, r.temperature))
+        torch_times.append(dt)
 
     jax_s, torch_s = statistics.median(jax_times), statistics.median(torch_times)
-    jax_tps, torch_tps = trained_tokens / jax_s, trained_tokens / torch_s
-    n_mb = rows // args.mini_batch
-    print(f"PPO actor update, tiny preset ({cfg.num_params() / 1e6:.1f}M params), {rows} rows x {length} tokens, "
-          f"{n_mb} mini-batches of {args.mini_batch}, micro-batch {args.micro_batch}; CPU "
-          f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), tcmalloc {'on' if tcmalloc else 'off'}")
-    print(f"trained tokens per update: {trained_tokens} ({loss_tokens} loss tokens)")
-    print(f"{'side':<8}{'update (s)':>12}{'first (s)':>12}{'tokens/s':>12}")
-    print(f"{'jax':<8}{jax_s:>12.3f}{jax_first:>12.3f}{jax_tps:>12.0f}")
-    print(f"{'torch':<8}{torch_s:>12.3f}{torch_first:>12.3f}{torch_tps:>12.0f}")
-    print(f"ratio (jax tokens/s / torch tokens/s): {jax_tps / torch_tps:.2f}x")
-    jax_pg = float(first_out.metrics["actor/pg_loss"])
-    jax_norm = float(first_out.metrics["actor/grad_norm"])
-    print(f"parity (first update, means over mini-batches): pg_loss jax {jax_pg:.6g} torch {torch_first_pg:.6g}; "
-          f"grad norm jax {jax_norm:.6g} torch {torch_first_norm:.6g}")
+    jax_tps, torch_tps = valid_tokens / jax_s, valid_tokens / torch_s
+    steady = {k: v["steady_s"] for k, v in phases.items()}
+    step_s = steady["rollout"] + steady["update"]
+    print(f"\n{args.config} {' '.join(args.set)}: {r.n_groups} x {r.group_size} episodes, {r.max_turns} turns of "
+          f"<= {r.max_new_tokens} tokens, {alg.name}; CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
+    print(f"last step's batch: {generated[-1]} generated tokens; the update comparison's batch: "
+          f"{traj.tokens.shape[0]} rows x {traj.tokens.shape[1]} slots, {valid_tokens} valid tokens "
+          f"({valid_tokens / sequence_slots:.0%} of the slots)")
+    print(f"{'phase':<10}{'steady (s)':>12}{'first (s)':>12}")
+    for name, v in phases.items():
+        print(f"{name:<10}{v['steady_s']:>12.2f}{v['first_s']:>12.2f}")
+    print(f"a step without MI = rollout + update = {step_s:.1f} s; MI adds {steady['mi']:.1f} s on its steps; "
+          f"the scoring forward is {'part of update' if recompute else 'not run'} "
+          f"in this config")
+    with_critic = run.critic_graphdef is not None
+    print(f"\nupdate of the same batch ({valid_tokens} valid tokens), steady state"
+          + (" (ours includes the critic's update, PyTorch's does not):" if with_critic else ":"))
+    print(f"{'side':<8}{'width':>8}{'update (s)':>12}{'tokens/s':>12}")
+    print(f"{'ours':<8}{traj.tokens.shape[1]:>8}{jax_s:>12.2f}{jax_tps:>12.0f}")
+    print(f"{'torch':<8}{batch_np['tokens'].shape[1]:>8}{torch_s:>12.2f}{torch_tps:>12.0f}")
+    print(f"ratio (ours / torch tokens/s): {jax_tps / torch_tps:.2f}x; parity: max |torch log-prob - sampler "
+          f"log-prob| on the {int(mask.sum())} generated tokens = {logp_gap:.2e}")
 
     result = {
-        "benchmark": "train_step_actor_update",
-        "preset": "tiny", "params": cfg.num_params(),
-        "rows": rows, "seq_len": length, "mini_batch": args.mini_batch, "micro_batch": args.micro_batch,
-        "trained_tokens_per_update": trained_tokens, "loss_tokens_per_update": loss_tokens,
-        "jax": {"steady_s": jax_s, "first_call_s": jax_first, "runs_s": jax_times, "tokens_per_s": jax_tps},
-        "torch": {"steady_s": torch_s, "first_call_s": torch_first, "runs_s": torch_times, "tokens_per_s": torch_tps,
-                  "threads": torch.get_num_threads()},
-        "ratio_jax_over_torch": jax_tps / torch_tps,
-        "parity_first_update": {"jax_pg_loss": jax_pg, "torch_pg_loss": torch_first_pg,
-                                "jax_grad_norm": jax_norm, "torch_grad_norm": torch_first_norm},
-        "tcmalloc": tcmalloc, "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0], "jax_version": jax.__version__, "torch_version": torch.__version__,
-        "python": platform.python_version(),
+        "benchmark": "train_step",
+        "config": args.config, "overrides": args.set, "algorithm": alg.name,
+        "episodes": r.n_groups * r.group_size, "max_turns": r.max_turns, "max_new_tokens": r.max_new_tokens,
+        "batch_rows": int(traj.tokens.shape[0]), "batch_slots": int(traj.tokens.shape[1]),
+        "valid_tokens": valid_tokens, "generated_tokens": generated,
+        "phases": phases, "step_without_mi_s": step_s,
+        "update_vs_torch": {
+            "ours": {"width": int(traj.tokens.shape[1]), "steady_s": jax_s, "runs_s": jax_times, "tokens_per_s": jax_tps},
+            "torch": {"width": int(batch_np["tokens"].shape[1]), "steady_s": torch_s, "runs_s": torch_times,
+                      "tokens_per_s": torch_tps, "threads": torch.get_num_threads()},
+            "ratio_ours_over_torch": jax_tps / torch_tps,
+            "parity_max_logprob_diff": logp_gap, "ours_includes_critic_update": with_critic,
+        },
+        "tcmalloc": TCMALLOC in os.environ.get("LD_PRELOAD", ""), "backend": jax.default_backend(),
+        "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0], "jax_version": jax.__version__,
+        "torch_version": torch.__version__, "python": platform.python_version(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"train_step_{config.env.name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
