@@ -74,48 +74,50 @@ def _parse_args():
 
 
 def apply_overrides(config, overrides: list[str]) -> None:
-    """``a.b=value`` strings onto an ml_collections config; values parse as Python literals, else strings."""
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+    """``a.b=value`` strings onto an ml_collections config; values parse as Python literals, else strings.
+    Unknown keys fail as the CLI's do (``config_check.check_override_keys``: one line, nearest key)."""
+    from ragen_jax.config_check import ConfigError, check_override_keys
+
+    pairs = [item.partition("=") for item in overrides]
+    if any(not sep for _, sep, _ in pairs):
+        raise SystemExit(f"--set expects KEY=VALUE, got {overrides}")
+    try:
+        check_override_keys([f"--config.{item}" for item in overrides], config)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    for key, _, text in pairs:
         *parents, leaf = key.split(".")
         node = config
         for name in parents:
             node = node[name]
-        if leaf not in node:
-            raise SystemExit(f"unknown config key {key!r}")
         try:
-            value = ast.literal_eval(text)
+            node[leaf] = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            value = text
-        node[leaf] = value
+            node[leaf] = text
 
 
-def compact_rows(traj, advantages):
-    """Rows of the rollout layout (holes between turns) as contiguous, right-padded numpy arrays.
+def compacted_batch(traj, advantages):
+    """The rollout's rows (holes between turns) as contiguous, right-padded numpy arrays
+    (``rollout_layout.compact_rows``), cut to the longest row.
 
-    Returns tokens int64[B, Lc], valid bool[B, Lc], loss_mask f32[B, Lc], old_logp f32[B, Lc] (the
-    sampler's log-prob of each token), adv f32[B, Lc] (the episode's advantage on its loss tokens),
-    Lc = the longest row's number of valid tokens.
+    advantages: f32[B] per episode. Returns tokens int64[B, Lc], valid bool[B, Lc], loss_mask f32[B, Lc],
+    old_logp f32[B, Lc] (the sampler's log-prob of each generated token), adv f32[B, Lc] (the episode's
+    advantage on its generated tokens); Lc = the longest row's number of valid tokens.
     """
+    import jax.numpy as jnp
     import numpy as np
 
-    t = traj.to_numpy()
-    rows = t.tokens.shape[0]
-    width = int(t.valid.sum(1).max())
-    out = {name: np.zeros((rows, width), dtype) for name, dtype in
-           (("tokens", np.int64), ("valid", bool), ("loss_mask", np.float32), ("old_logp", np.float32),
-            ("adv", np.float32))}
-    for b in range(rows):
-        keep = np.nonzero(t.valid[b])[0]
-        n = len(keep)
-        out["tokens"][b, :n] = t.tokens[b, keep]
-        out["valid"][b, :n] = True
-        out["loss_mask"][b, :n] = t.loss_mask[b, keep]
-        out["old_logp"][b, :n] = np.where(t.loss_mask[b, keep], t.logprobs[b, keep], 0.0)
-        out["adv"][b, :n] = advantages[b] * t.loss_mask[b, keep]
-    return out
+    from ragen_jax.rollout_layout import compact_rows
+
+    loss = traj.loss_mask.astype(jnp.float32)
+    tokens, loss_mask, old_logp, adv, counts = compact_rows(
+        traj.valid, traj.tokens, loss, jnp.where(traj.loss_mask, traj.logprobs, 0.0),
+        jnp.asarray(advantages, jnp.float32)[:, None] * loss)
+    width = int(counts.max())
+    valid = np.arange(width)[None, :] < np.asarray(counts)[:, None]
+    cut = lambda x, dtype: np.asarray(x[:, :width]).astype(dtype)  # noqa: E731
+    return {"tokens": cut(tokens, np.int64), "valid": valid, "loss_mask": cut(loss_mask, np.float32),
+            "old_logp": cut(old_logp, np.float32), "adv": cut(adv, np.float32)}
 
 
 def torch_token_logprobs(model, tokens, valid, temperature: float):
@@ -248,7 +250,7 @@ def main() -> None:
         model = Qwen2ForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32, attn_implementation="eager")
     rewards = np.asarray(traj.episode_reward).reshape(r.n_groups, r.group_size)
     adv = np.asarray(grpo_advantages(rewards)).reshape(-1)
-    batch_np = compact_rows(traj, adv)
+    batch_np = compacted_batch(traj, adv)
     batch = {k: torch.from_numpy(v) for k, v in batch_np.items()}
     with torch.no_grad():
         torch_logp = torch_token_logprobs(model, batch["tokens"], batch["valid"], r.temperature).numpy()

@@ -44,10 +44,16 @@ def build_env(config) -> tuple[Any, Any]:
     return make(config.env.name, **dict(config.env.params))
 
 
+def model_overrides(config) -> dict[str, Any]:
+    """``config.model.overrides``: ModelConfig fields replaced in the preset (optional key; e.g. a smaller
+    model for tests: {"hidden_size": 64, "num_layers": 2, ...})."""
+    overrides = config.model.get("overrides", None) or {}
+    return dict(overrides.to_dict() if hasattr(overrides, "to_dict") else overrides)
+
+
 def build_preset_model(config, tokenizer: Tokenizer, seed: int) -> Transformer:
     """A freshly initialised ``model.preset`` (with ``model.overrides``) from ``nnx.Rngs(seed)``."""
-    overrides = config.model.get("overrides", None) or {}
-    cfg = get_preset(config.model.preset, dtype=config.model.dtype, **dict(overrides))
+    cfg = get_preset(config.model.preset, dtype=config.model.dtype, **model_overrides(config))
     if cfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(
             f"model preset {config.model.preset!r} has vocab_size {cfg.vocab_size} < the tokenizer's "

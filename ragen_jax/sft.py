@@ -47,6 +47,7 @@ from ragen_jax.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
 from ragen_jax.optim import in_float32
+from ragen_jax.run_setup import build_env, build_preset_model, build_tokenizer, model_overrides
 
 FORMAT_VERSION = 1  # bump when demos or training change in a way the settings do not capture
 BUCKET = 256  # sequence lengths are padded up to a multiple of this many tokens (one compile per length)
@@ -102,15 +103,8 @@ class Parts:
     model: Transformer
 
 
-def model_overrides(config: Any) -> dict[str, Any]:
-    """``config.model.overrides``: ModelConfig fields replaced in the preset (optional key; e.g. a smaller
-    model for tests: {"hidden_size": 64, "num_layers": 2, ...})."""
-    return dict(_plain(config.model.get("overrides", None) or {}))
-
-
 def build_parts(config: Any) -> Parts:
     """Tokenizer, env, rollout settings and a freshly initialised model (seed ``config.sft.seed``)."""
-    from ragen_jax.run_setup import build_env, build_preset_model, build_tokenizer
     from ragen_jax.trainer import rollout_config
 
     if config.model.hf_path or config.model.get("gguf_path", ""):
