@@ -1,0 +1,122 @@
+"""Why RL does not improve Sokoban on the CPU default: what the warm start (and an RL'd policy) can do.
+
+For each policy (the supervised warm start of the config, plus the latest checkpoint of every
+``--runs`` directory) it runs validation episodes (seeds ``validation.seed + i``) at each temperature
+and reports
+  success by the level's shortest solution length (``SokobanState.solution_length`` of the reset
+    state): does the policy solve levels, or only those one push from done?
+  state copy: the compact prompt gives the state as "P (r, c) X (r, c) O (r, c)" and the warm start's
+    demonstrations begin their reasoning by restating it; ``copy_state`` = share of first turns whose
+    reasoning restates all three positions correctly, ``copy_player`` = the player's position only.
+    A policy that cannot read the positions off the prompt can only solve a level by chance.
+
+    .venv/bin/python benchmarks/sokoban_diagnosis.py --set sft.cache_dir=/tmp/ws --runs runs/sokoban-grpo-seed0
+
+Writes benchmarks/results/sokoban_diagnosis.json (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# "P (1, 1) X (2, 2) O (1, 2)" (player, box, target; "S" = player on a target), the compact prompt's
+# state line and the start of a demonstration's reasoning (ragen_jax/demos.py).
+STATE_LINE = re.compile(r"[PS] \((\d+), (\d+)\) X \((\d+), (\d+)\) O \((\d+), (\d+)\)")
+
+
+def first_turn_copy(tokenizer, traj) -> tuple[float, float]:
+    """(copy_state, copy_player): shares of episodes whose first response restates the state line of
+    the last state given in its prompt (all three positions / the player's)."""
+    import numpy as np
+
+    t = traj.to_numpy()
+    exact, player = [], []
+    for row in range(t.tokens.shape[0]):
+        response = t.loss_mask[row].astype(bool) & (t.turn_ids[row] == 0)
+        first = int(np.argmax(response))
+        prompt = tokenizer.decode(t.tokens[row, :first][t.valid[row, :first].astype(bool)].tolist())
+        truth = STATE_LINE.findall(prompt)
+        said = STATE_LINE.search(tokenizer.decode(t.tokens[row][response].tolist()))
+        exact.append(bool(truth and said and said.groups() == truth[-1]))
+        player.append(bool(truth and said and said.groups()[:2] == truth[-1][:2]))
+    return float(np.mean(exact)), float(np.mean(player))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="configs/sokoban.py")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    parser.add_argument("--runs", nargs="*", default=[], help="RL run directories (their latest checkpoint)")
+    parser.add_argument("--episodes", type=int, default=256)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 1.0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/sokoban_diagnosis.json"))
+    args = parser.parse_args()
+    if len(set(args.runs)) != len(args.runs):
+        raise SystemExit(f"--runs lists a directory twice: {args.runs}")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from ragen_jax.checkpoint import Checkpointer
+    from ragen_jax.main import load_config_file
+    from ragen_jax.rollout_layout import env_keys
+    from ragen_jax.trainer import TrainState, build_run
+    from ragen_jax.validation import run_validation
+    from train_step import apply_overrides
+
+    config = load_config_file(args.config)
+    apply_overrides(config, args.set)
+    if config.env.name != "sokoban" or config.env.prompt_style != "compact":
+        raise SystemExit("this diagnosis reads the compact Sokoban prompt: use configs/sokoban.py")
+    run, state = build_run(config)
+    seeds = config.validation.seed + np.arange(args.episodes)
+    solution = np.array([int(run.env.reset(env_keys(jax.numpy.int32(s))[0], run.env_params)[1].solution_length)
+                         for s in seeds])
+    policies = {"warm start": (state.actor, 0)}
+    for run_dir in args.runs:
+        ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"))
+        tree, _, step = ckpt.restore(state.tree())
+        ckpt.close()
+        policies[f"{run_dir} step {step}"] = (TrainState.from_tree(tree).actor, step)
+
+    results = []
+    print(f"levels by shortest solution length (1..): {np.bincount(solution)[1:].tolist()}")
+    print("| policy | T | success | valid-action | copy state | copy player | success by solution length 1, 2, 3, 4, >=5 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (params, step) in policies.items():
+        for temperature in args.temperatures:
+            start = time.time()
+            metrics, traj = run_validation(
+                nnx.merge(run.actor_graphdef, params), run.tokenizer, run.env, run.rollout_cfg, params,
+                jax.random.key(0), n_seeds=args.episodes, seeds_per_batch=min(64, args.episodes),
+                greedy=False, temperature=temperature, env_params=run.env_params)
+            success = traj.to_numpy().success.astype(np.float64)
+            by_length = {int(n): float(success[solution == n].mean()) for n in np.unique(solution)}
+            bins = [success[solution == n] for n in (1, 2, 3, 4)] + [success[solution >= 5]]
+            copy_state, copy_player = first_turn_copy(run.tokenizer, traj)
+            results.append(dict(policy=name, step=step, temperature=temperature, metrics=metrics,
+                                success_by_solution_length=by_length, copy_state=copy_state,
+                                copy_player=copy_player, seconds=time.time() - start))
+            print(f"| {name} | {temperature} | {metrics['success']:.3f} | {metrics['valid_action_rate']:.2f} | "
+                  f"{copy_state:.3f} | {copy_player:.3f} | "
+                  + ", ".join(f"{b.mean():.2f}" if b.size else "-" for b in bins) + " |", flush=True)
+    out = dict(config=args.config, overrides=args.set, episodes=args.episodes,
+               levels_by_solution_length={int(n): int(c) for n, c in enumerate(np.bincount(solution)) if c},
+               results=results)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
