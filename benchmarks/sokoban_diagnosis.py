@@ -81,8 +81,9 @@ def main() -> None:
         raise SystemExit("this diagnosis reads the compact Sokoban prompt: use configs/sokoban.py")
     run, state = build_run(config)
     seeds = config.validation.seed + np.arange(args.episodes)
-    solution = np.array([int(run.env.reset(env_keys(jax.numpy.int32(s))[0], run.env_params)[1].solution_length)
-                         for s in seeds])
+    # The rollout resets every group from env_keys(seed); one vmapped reset gives each level's solution length.
+    reset_lengths = jax.jit(jax.vmap(lambda s: run.env.reset(env_keys(s)[0], run.env_params)[1].solution_length))
+    solution = np.asarray(reset_lengths(jax.numpy.asarray(seeds, jax.numpy.int32)))
     policies = {"warm start": (state.actor, 0)}
     for run_dir in args.runs:
         ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"))
@@ -101,7 +102,7 @@ def main() -> None:
                 nnx.merge(run.actor_graphdef, params), run.tokenizer, run.env, run.rollout_cfg, params,
                 jax.random.key(0), n_seeds=args.episodes, seeds_per_batch=min(64, args.episodes),
                 greedy=False, temperature=temperature, env_params=run.env_params)
-            success = traj.to_numpy().success.astype(np.float64)
+            success = traj.success.astype(np.float64)  # run_validation returns numpy
             by_length = {int(n): float(success[solution == n].mean()) for n in np.unique(solution)}
             bins = [success[solution == n] for n in (1, 2, 3, 4)] + [success[solution >= 5]]
             copy_state, copy_player = first_turn_copy(run.tokenizer, traj)
