@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from ragen_jax.config_check import ConfigError
+
 
 def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     """RAGEN-2's defaults; ``algorithm`` (the ":grpo" in ``--config=configs/base.py:grpo``) applies a preset."""
@@ -143,6 +145,12 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.trainer.low_val_success = 0.01
     c.trainer.low_val_patience = 5
     c.trainer.progress = True
+    # A checkpoint is not saved (the run stops: "parameter_explosion") when the largest |parameter| grew
+    # more than this many times since the last good checkpoint: an exploded update must not reach it.
+    c.trainer.max_param_growth = 10.0
+    # Resuming a run with a config that changes what its steps compute (anything outside
+    # trainer.RESUME_FREE_KEYS: learning rate, model, env, seeds, ...) is refused unless this is True.
+    c.trainer.allow_config_change = False
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1
@@ -164,7 +172,8 @@ ALGORITHM_PRESETS = {
 def apply_algorithm_preset(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
     """Set ``config.algorithm`` to the named main-table preset (ppo | grpo | drgrpo | dapo)."""
     if name not in ALGORITHM_PRESETS:
-        raise ValueError(f"unknown algorithm preset {name!r}; known: {sorted(ALGORITHM_PRESETS)}")
+        raise ConfigError(f"unknown algorithm preset {name!r} (the part after ':' in --config=FILE.py:PRESET); "
+                          f"choose one of {', '.join(ALGORITHM_PRESETS)}")
     config.algorithm.name = name
     config.algorithm.update(ALGORITHM_PRESETS[name])
     return config

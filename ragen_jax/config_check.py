@@ -1,7 +1,9 @@
-"""Fail fast on bad configs: unknown keys (naming the nearest valid one), bad choices, missing paths.
+"""Fail fast on bad configs: unknown keys (naming the nearest valid one), bad choices, missing paths,
+model files that cannot be read (checked from their headers, without loading weights), sizes that do not
+fit together, an empty training schedule and a run directory that cannot be written.
 
-Everything here runs before any JAX compilation, and every failure is a ``ConfigError`` whose message
-is one line that names the fix; ``main`` prints it and exits with status 2.
+Everything here runs before any JAX compilation and before anything is written, and every failure is a
+``ConfigError`` whose message is one line that names the fix; ``main`` prints it and exits with status 2.
 """
 
 from __future__ import annotations
@@ -90,12 +92,36 @@ def _get(config: Mapping, path: str):
     return node
 
 
+def run_dir_of(config) -> str:
+    """``config.run_dir``, or runs/<env.name>-<algorithm.name>-seed<seed> when it is empty."""
+    if config.run_dir:
+        return config.run_dir
+    return os.path.join("runs", f"{config.env.name}-{config.algorithm.name}-seed{config.seed}")
+
+
 def check_config(config: Mapping, *, env_names: Iterable[str], model_presets: Iterable[str]) -> None:
-    """Semantic checks of a parsed config (choices, names, paths, sizes)."""
+    """Semantic checks of a parsed config (choices, names, model files, sizes, schedule, run directory)."""
+    _check_choices(config)
+    _check_env(config, env_names)
+    _check_model(config, model_presets)
+    _check_sizes(config)
+    _check_schedule(config)
+    run_dir = run_dir_of(config)
+    if config.mode == "train":
+        check_run_dir(run_dir)
+    elif config.mode == "eval" and os.path.isfile(run_dir):  # eval only reads: a read-only run is fine
+        raise ConfigError(f"config.run_dir: {run_dir!r} is a file; eval reads the run directory that "
+                          "training wrote")
+
+
+def _check_choices(config: Mapping) -> None:
     for path, allowed in CHOICES.items():
         value = _get(config, path)
         if value not in allowed:
             raise ConfigError(f"config.{path}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _check_env(config: Mapping, env_names: Iterable[str]) -> None:
     env_names = sorted(env_names)
     if config.env.name not in env_names:
         hint = difflib.get_close_matches(config.env.name, env_names, n=1)
@@ -103,52 +129,129 @@ def check_config(config: Mapping, *, env_names: Iterable[str], model_presets: It
             f"unknown environment '{config.env.name}' (config.env.name); known: {', '.join(env_names)}"
             + (f"; did you mean '{hint[0]}'?" if hint else "")
         )
+
+
+def _check_model(config: Mapping, model_presets: Iterable[str]) -> None:
     if config.model.hf_path:
-        if not os.path.isdir(config.model.hf_path):
-            raise ConfigError(f"config.model.hf_path: directory {config.model.hf_path!r} does not exist")
-        if not os.path.exists(os.path.join(config.model.hf_path, "config.json")):
-            raise ConfigError(f"config.model.hf_path: {config.model.hf_path!r} has no config.json (not a HF checkpoint)")
+        _check_hf_path(config.model.hf_path)
     elif config.model.gguf_path:
-        if not os.path.isfile(config.model.gguf_path):
-            raise ConfigError(f"config.model.gguf_path: file {config.model.gguf_path!r} does not exist")
+        _check_gguf_path(config.model.gguf_path)
     elif config.model.preset not in set(model_presets):
         hint = difflib.get_close_matches(config.model.preset, list(model_presets), n=1)
         raise ConfigError(
             f"unknown model preset '{config.model.preset}' (config.model.preset)"
             + (f"; did you mean '{hint[0]}'?" if hint else "")
         )
+    elif config.model.tokenizer == "hf":
+        raise ConfigError("config.model.tokenizer='hf' takes the tokenizer from config.model.hf_path; set "
+                          "model.hf_path or use model.tokenizer=char")
     if (config.init == "sft" or config.mode == "sft") and (config.model.hf_path or config.model.gguf_path):
         raise ConfigError(
             "the supervised warm start trains a preset model from scratch; with model.hf_path / gguf_path "
             "the pretrained weights are the start: set config.init=random"
         )
     if config.model.overrides:
-        import dataclasses
+        _check_overrides(config.model.overrides)
 
-        from ragen_jax.models.config import ModelConfig
 
-        fields = [f.name for f in dataclasses.fields(ModelConfig)]
-        for key in config.model.overrides:
-            if key not in fields:
-                hint = difflib.get_close_matches(key, fields, n=1)
-                raise ConfigError(
-                    f"config.model.overrides.{key} is not a ModelConfig field"
-                    + (f"; did you mean '{hint[0]}'?" if hint else f"; fields: {', '.join(fields)}")
-                )
+def _check_hf_path(path: str) -> None:
+    """The whole checkpoint as far as it can be checked without reading weights (config.json, tokenizer,
+    safetensors headers, tensor names and shapes), so a bad file fails before the run directory is touched."""
+    if not os.path.isdir(path):
+        raise ConfigError(f"config.model.hf_path: directory {path!r} does not exist")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise ConfigError(f"config.model.hf_path: {path!r} has no config.json (not a HF checkpoint)")
+    from ragen_jax.models.hf_io import CheckpointError, check_hf_checkpoint  # deferred: imports JAX
+
+    try:
+        check_hf_checkpoint(path)
+    except CheckpointError as e:
+        raise ConfigError(f"config.model.hf_path: {e}") from None
+    if not os.path.exists(os.path.join(path, "tokenizer.json")):
+        raise ConfigError(f"config.model.hf_path: {path!r} has no tokenizer.json; the policy uses the "
+                          "checkpoint's own tokenizer (save it with tokenizer.save_pretrained into that directory)")
+
+
+def _check_gguf_path(path: str) -> None:
+    """Open the file and read its model metadata (no weights): a directory, a non-GGUF or truncated file
+    and an unsupported architecture fail here, before the run directory is touched."""
+    from ragen_jax.models.gguf import GGUFError, config_from_gguf, open_gguf  # deferred: imports JAX
+
+    try:
+        config_from_gguf(open_gguf(path))
+    except GGUFError as e:
+        raise ConfigError(f"config.model.gguf_path: {e}") from None
+
+
+def _check_overrides(overrides: Mapping) -> None:
+    import dataclasses
+
+    from ragen_jax.models.config import ModelConfig
+
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key in overrides:
+        if key not in fields:
+            hint = difflib.get_close_matches(key, fields, n=1)
+            raise ConfigError(
+                f"config.model.overrides.{key} is not a ModelConfig field"
+                + (f"; did you mean '{hint[0]}'?" if hint else f"; fields: {', '.join(fields)}")
+            )
+
+
+def _check_sizes(config: Mapping) -> None:
     batch = config.rollout.n_groups * config.rollout.group_size
+    mini, micro = config.algorithm.mini_batch_size, config.algorithm.micro_batch_size
     if min(config.rollout.n_groups, config.rollout.group_size) < 1:
         raise ConfigError("config.rollout.n_groups and group_size must be >= 1")
-    if config.algorithm.mini_batch_size < 1 or config.algorithm.micro_batch_size < 1:
+    if mini < 1 or micro < 1:
         raise ConfigError("config.algorithm.mini_batch_size and micro_batch_size must be >= 1")
-    if config.algorithm.mini_batch_size % config.algorithm.micro_batch_size:
+    if mini % micro:
         raise ConfigError(
-            f"config.algorithm.mini_batch_size ({config.algorithm.mini_batch_size}) must be a multiple of "
-            f"micro_batch_size ({config.algorithm.micro_batch_size})"
+            f"config.algorithm.mini_batch_size ({mini}) must be a multiple of micro_batch_size ({micro})"
         )
-    if config.algorithm.mini_batch_size > batch:
+    if mini > batch:
         raise ConfigError(
-            f"config.algorithm.mini_batch_size ({config.algorithm.mini_batch_size}) is larger than the rollout "
-            f"batch n_groups*group_size ({batch})"
+            f"config.algorithm.mini_batch_size ({mini}) is larger than the rollout batch n_groups*group_size ({batch})"
+        )
+    if batch % mini:
+        raise ConfigError(
+            f"config.algorithm.mini_batch_size ({mini}) must divide the rollout batch n_groups*group_size "
+            f"({batch}){_mini_batch_hint(batch, mini, micro)}"
         )
     if config.rollout.max_turns < 1 or config.rollout.max_new_tokens < 1:
         raise ConfigError("config.rollout.max_turns and max_new_tokens must be >= 1")
+
+
+def _mini_batch_hint(batch: int, mini: int, micro: int) -> str:
+    """The largest valid mini-batch size below ``mini`` (a divisor of the batch and a multiple of micro)."""
+    fits = [size for size in range(micro, mini, micro) if batch % size == 0]
+    return f"; e.g. --config.algorithm.mini_batch_size={fits[-1]}" if fits else ""
+
+
+def _check_schedule(config: Mapping) -> None:
+    # eval and sft never read the training schedule, so a 0 there is harmless.
+    if config.mode == "train" and config.trainer.total_steps < 1:
+        raise ConfigError(
+            f"config.trainer.total_steps={config.trainer.total_steps} must be >= 1 "
+            "(to validate a checkpoint without training use --config.mode=eval)"
+        )
+    if config.trainer.checkpoint_every < 1:
+        raise ConfigError(f"config.trainer.checkpoint_every={config.trainer.checkpoint_every} must be >= 1")
+    if config.mi.enabled and config.mi.every < 1:
+        raise ConfigError(f"config.mi.every={config.mi.every} must be >= 1 (or set config.mi.enabled=False)")
+
+
+def check_run_dir(path: str) -> None:
+    """The run directory must be a writable directory, or creatable as one: checked before anything is
+    written, so a bad path fails in a line rather than in the middle of a run."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"config.run_dir: {path!r} is a file, not a directory; choose another config.run_dir")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(f"config.run_dir: cannot create {path!r}: {existing!r} is a file; "
+                          "choose another config.run_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"config.run_dir: {existing!r} is not writable; choose a writable config.run_dir "
+                          "or fix its permissions")

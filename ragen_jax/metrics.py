@@ -7,6 +7,9 @@ Files in the run directory:
     metrics.jsonl        {"step": s, "time": unix seconds, <metric>: float, ...} per line
     tb/                  TensorBoard events (scalars under the same names)
     samples.txt          sample conversations, each headed by its step
+
+A resumed run first cuts both files back to the restored checkpoint's step (``truncate_run_logs``), so
+that they hold one row (one set of samples) per step however often the run was interrupted.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import tempfile
 import time
 from typing import Mapping
 
@@ -49,6 +54,67 @@ def read_metrics(run_dir: str) -> list[dict]:
                 row = json.loads(line)
                 rows[int(row["step"])] = row
     return [rows[s] for s in sorted(rows)]
+
+
+SAMPLE_HEADER = re.compile(r"^===== step (-?\d+): ")
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Replace ``path`` by ``text`` all at once: a temporary sibling, fsync, ``os.replace``. A kill or a full
+    disk leaves either the old file or the new one, never a half-written one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def keep_metric_lines(lines: list[str], through_step: int) -> list[str]:
+    """The rows of ``metrics.jsonl`` with step <= ``through_step``, one per step in step order (the last
+    one of a step wins, as in ``read_metrics``); lines that do not parse (the half-written last line of a
+    killed run) are dropped."""
+    rows: dict[int, str] = {}
+    for line in lines:
+        try:
+            step = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if step <= through_step:
+            rows[step] = line.rstrip("\n") + "\n"
+    return [rows[s] for s in sorted(rows)]
+
+
+def keep_sample_lines(lines: list[str], through_step: int) -> list[str]:
+    """The lines of ``samples.txt`` under a ``===== step s: ...`` header with s <= ``through_step``."""
+    kept, keep = [], True
+    for line in lines:
+        match = SAMPLE_HEADER.match(line)
+        if match:
+            keep = int(match.group(1)) <= through_step
+        if keep:
+            kept.append(line)
+    return kept
+
+
+def truncate_run_logs(run_dir: str, through_step: int) -> None:
+    """Cut ``metrics.jsonl`` and ``samples.txt`` back to the steps <= ``through_step`` (the step a resumed
+    run restarts after; -1 for a run that restarts from scratch), atomically."""
+    for name, keep in (("metrics.jsonl", keep_metric_lines), ("samples.txt", keep_sample_lines)):
+        path = os.path.join(run_dir, name)
+        if not os.path.exists(path):
+            continue
+        with open(path, errors="replace") as f:
+            lines = f.readlines()
+        kept = keep(lines, through_step)
+        if kept != lines:
+            write_atomic(path, "".join(kept))
 
 
 class MetricsWriter:

@@ -15,14 +15,10 @@ from ragen_jax.models.transformer import Transformer
 def build_tokenizer(config) -> Tokenizer:
     """The character tokenizer, or the checkpoint's own tokenizer when ``model.hf_path`` is set."""
     if config.model.hf_path:
-        from ragen_jax.models.hf_io import config_from_hf
+        from ragen_jax.models.hf_io import read_hf_config
         from ragen_jax.models.hf_tokenizer import HFTokenizer
-        import json
-        import os
 
-        with open(os.path.join(config.model.hf_path, "config.json")) as f:
-            vocab = config_from_hf(json.load(f)).vocab_size
-        return HFTokenizer(config.model.hf_path, vocab_size=vocab)
+        return HFTokenizer(config.model.hf_path, vocab_size=read_hf_config(config.model.hf_path).vocab_size)
     if config.model.gguf_path:
         return _gguf(config.model.gguf_path, config.model.dtype)[2]
     if config.model.tokenizer != "char":

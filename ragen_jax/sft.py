@@ -23,7 +23,10 @@ width, chat template, model preset, overrides and dtype, tokenizer, every ``sft.
 sft.seed included, the RL seed not). It holds ``checkpoint/`` (orbax, the parameters), ``sft_metrics.json`` (training curve,
 demo statistics, validation success greedy and at the validation temperature) and ``COMPLETE``. It is
 written into a temporary sibling directory and renamed into place, so an interrupted build is never
-picked up; a directory without ``COMPLETE`` is rebuilt.
+picked up; a directory without ``COMPLETE`` is rebuilt. A complete one whose contents do not load
+(a truncated array file, unreadable metrics, a key or format mismatch, non-finite parameters) is
+reported in one line on stderr, moved aside, deleted and rebuilt once. The directory gets the
+process's umask-based permissions, like any directory the user creates.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
+import sys
 import time
+import uuid
 from typing import Any, Callable, Sequence
 
 import jax
@@ -44,6 +48,7 @@ import optax
 from flax import nnx
 
 from ragen_jax.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
+from ragen_jax.distributed import nonfinite_leaves
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
 from ragen_jax.optim import in_float32
@@ -333,10 +338,85 @@ def is_complete(path: str) -> bool:
 
 
 def build_warm_start(config: Any, log: Callable[[str], None] | None = print) -> str:
-    """The warm start's directory; trains, validates and writes it only when it is not cached yet."""
+    """The warm start's directory; trains, validates and writes it only when it is not cached yet
+    (or when the cached one's metrics do not load: see ``_cached``)."""
+    path, _ = _cached(config, log, lambda path: check_metrics(path, config))
+    return path
+
+
+def load_warm_start(config: Any, model: nnx.Module, log: Callable[[str], None] | None = print) -> nnx.State:
+    """The warm-start parameters for ``model`` (built and cached first when missing, rebuilt when the
+    cached parameters or metrics do not load)."""
+
+    def load(path: str) -> nnx.State:
+        check_metrics(path, config)
+        return restore_params(path, model, key=warm_start_key(config))
+
+    path, params = _cached(config, log, load)
+    if log is not None:
+        log(f"sft: warm start from {path}")
+    return params
+
+
+def _cached(config: Any, log: Callable[[str], None] | None, load: Callable[[str], Any]) -> tuple[str, Any]:
+    """(path, load(path)) for the warm start of ``config``.
+
+    A complete cached directory is loaded; if ``load`` raises anything, the directory is reported as
+    damaged (one line on stderr: orbax / tensorstore tracebacks run to hundreds of lines), moved aside
+    and rebuilt, and loaded again. A second failure is raised: a fresh build that does not load is a
+    bug, not damage.
+    """
     final = warm_start_path(config)
     if is_complete(final):
-        return final
+        identity = _identity(final)
+        try:
+            return final, load(final)
+        except Exception as err:  # noqa: BLE001 - any failure to read the cache means: rebuild it
+            print(f"warm start cache at {final} is damaged ({_one_line(err)}); rebuilding",
+                  file=sys.stderr, flush=True)
+            _discard(final, identity)
+    _build(config, log, final)
+    return final, load(final)
+
+
+def _one_line(err: BaseException, limit: int = 160) -> str:
+    """``Type: first line of the message``, the message cut to ``limit`` characters."""
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, or None when it is gone: tells a directory from its replacement."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _discard(final: str, identity: tuple[int, int] | None) -> None:
+    """Move the damaged ``final`` aside (one atomic rename) and delete it.
+
+    Only the directory that failed to load is moved: if a concurrent process already replaced it by a
+    fresh build (another inode), that build is left in place and reused. A process still reading the
+    damaged one keeps its open files (POSIX unlink semantics); its next open fails and it rebuilds too.
+    """
+    aside = os.path.join(os.path.dirname(final), f".damaged-{os.path.basename(final)}-{uuid.uuid4().hex}")
+    if identity is None or _identity(final) != identity:
+        return
+    try:
+        os.rename(final, aside)
+    except FileNotFoundError:  # another process moved it first
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _build(config: Any, log: Callable[[str], None] | None, final: str) -> None:
+    """Train, validate and write the warm start to ``final`` (unless a concurrent build finished it)."""
+    if is_complete(final):
+        return
     if os.path.exists(final):  # not written by this module's atomic rename: never trust it
         if log is not None:
             log(f"sft: {final} is incomplete; rebuilding it")
@@ -356,7 +436,6 @@ def build_warm_start(config: Any, log: Callable[[str], None] | None = print) -> 
                 f"valid-format rate {v['greedy']['valid_action_rate']:.3f} / {v['temperature']['valid_action_rate']:.3f}")
     metrics["key"] = warm_start_key(config)
     _write_atomically(final, params, metrics)
-    return final
 
 
 def _write_atomically(final: str, params: nnx.State, metrics: dict) -> None:
@@ -365,7 +444,9 @@ def _write_atomically(final: str, params: nnx.State, metrics: dict) -> None:
 
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+    # os.mkdir with 0o777 applies the umask (tempfile.mkdtemp would force 0700 onto the cache).
+    tmp = os.path.join(parent, f".tmp-{os.path.basename(final)}-{uuid.uuid4().hex}")
+    os.mkdir(tmp, 0o777)
     try:
         ckpt = Checkpointer(os.path.join(tmp, "checkpoint"), keep=1)
         ckpt.save(0, nnx.to_pure_dict(params), {"key": metrics["key"], "format_version": FORMAT_VERSION})
@@ -384,8 +465,20 @@ def _write_atomically(final: str, params: nnx.State, metrics: dict) -> None:
             shutil.rmtree(tmp)
 
 
-def restore_params(path: str, model: nnx.Module) -> nnx.State:
-    """The parameters saved under ``path`` (a warm-start directory), shaped like ``model``'s."""
+def check_metrics(path: str, config: Any) -> dict:
+    """The warm start's metrics, checked to belong to ``config`` (raises ValueError otherwise)."""
+    metrics = read_metrics(path)
+    if not isinstance(metrics, dict) or metrics.get("key") != warm_start_key(config):
+        raise ValueError(f"{METRICS_FILE} does not belong to warm start {warm_start_key(config)}")
+    return metrics
+
+
+def restore_params(path: str, model: nnx.Module, key: str | None = None) -> nnx.State:
+    """The parameters saved under ``path`` (a warm-start directory), shaped like ``model``'s.
+
+    Raises when the directory is not complete, its checkpoint does not restore, its meta does not
+    match ``key`` (when given) or ``FORMAT_VERSION``, or a parameter is NaN / infinite.
+    """
     from ragen_jax.checkpoint import Checkpointer
 
     if not is_complete(path):
@@ -393,19 +486,16 @@ def restore_params(path: str, model: nnx.Module) -> nnx.State:
     _, template = nnx.split(model)
     ckpt = Checkpointer(os.path.join(path, "checkpoint"), keep=1)
     try:
-        pure, _, _ = ckpt.restore(nnx.to_pure_dict(template))
+        pure, meta, _ = ckpt.restore(nnx.to_pure_dict(template))
     finally:
         ckpt.close()
+    if meta.get("format_version") != FORMAT_VERSION or (key is not None and meta.get("key") != key):
+        raise ValueError(f"checkpoint meta {meta} does not match warm start {key} (format {FORMAT_VERSION})")
+    bad = nonfinite_leaves(pure)
+    if bad:
+        raise ValueError(f"non-finite parameters: {', '.join(bad[:3])}")
     nnx.replace_by_pure_dict(template, pure)
     return template
-
-
-def load_warm_start(config: Any, model: nnx.Module, log: Callable[[str], None] | None = print) -> nnx.State:
-    """The warm-start parameters for ``model`` (built and cached first when missing)."""
-    path = build_warm_start(config, log)
-    if log is not None:
-        log(f"sft: warm start from {path}")
-    return restore_params(path, model)
 
 
 def read_metrics(path: str) -> dict:

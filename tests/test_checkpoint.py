@@ -63,3 +63,62 @@ def test_preemption_guard_turns_sigterm_into_a_flag():
     finally:
         guard.close()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def _damage(directory, step):
+    import glob
+
+    files = [f for f in glob.glob(os.path.join(directory, str(step), "state", "**", "d", "*"), recursive=True)
+             if os.path.isfile(f)]
+    assert files
+    for f in files:
+        with open(f, "r+b") as fh:
+            fh.truncate(os.path.getsize(f) // 2)
+
+
+def _big_state(x):  # big enough that the array bytes live in the data files _damage truncates
+    return {"w": jnp.arange(4096.0).reshape(64, 64) * x, "b": jnp.arange(4.0) * x}
+
+
+def test_the_protected_step_survives_rotation(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), keep=2)
+    ckpt.save(1, _state(1.0), {"step": 1})
+    ckpt.protect(1)
+    for step in (2, 3, 4):
+        ckpt.save(step, _state(float(step)), {"step": step})
+    assert ckpt.all_steps() == [1, 3, 4]
+    ckpt.protect(4)
+    ckpt.save(5, _state(5.0), {"step": 5})
+    assert ckpt.all_steps() == [4, 5]
+
+
+def test_restore_newest_skips_a_damaged_checkpoint_in_one_line_and_quarantine_moves_it(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    ckpt = Checkpointer(directory)
+    for step in (1, 2, 3):
+        ckpt.save(step, _big_state(float(step)), {"step": step})
+    ckpt.close()
+    _damage(directory, 3)
+    again = Checkpointer(directory)
+    lines = []
+    state, meta, step, damaged = again.restore_newest(_big_state(0.0), log=lines.append)
+    assert step == 2 and meta == {"step": 2} and damaged == [3]
+    np.testing.assert_array_equal(np.asarray(state["w"]), np.asarray(_big_state(2.0)["w"]))
+    assert len(lines) == 1 and "step 3" in lines[0] and "trying step 2" in lines[0] and "\n" not in lines[0]
+    assert again.all_steps() == [1, 2, 3]  # restoring reads only
+    moved = again.quarantine(damaged)
+    assert again.all_steps() == [1, 2] and os.listdir(moved)[0].startswith("3-")
+    again.save(3, _big_state(3.0), {"step": 3})  # the step can be saved again
+    assert again.all_steps() == [1, 2, 3]
+
+
+def test_no_restorable_checkpoint_is_one_line(tmp_path):
+    from ragen_jax.checkpoint import CheckpointRestoreError
+
+    directory = str(tmp_path / "ckpt")
+    ckpt = Checkpointer(directory)
+    ckpt.save(1, _big_state(1.0), {"step": 1})
+    _damage(directory, 1)
+    with pytest.raises(CheckpointRestoreError, match=r"^none of the checkpoints .* \(steps 1\)") as info:
+        Checkpointer(directory).restore_newest(_big_state(0.0), log=lambda line: None)
+    assert "\n" not in str(info.value)

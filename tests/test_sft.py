@@ -178,6 +178,59 @@ def test_cache_is_built_once_reused_and_never_taken_half_written(tmp_path, monke
     assert sorted(os.listdir(os.path.dirname(final)))[-1] == os.path.basename(final)
 
 
+def _array_files(path):
+    """The checkpoint's array data files (orbax OCDBT ``d/`` chunks), largest first."""
+    files = []
+    for root, _, names in os.walk(os.path.join(path, "checkpoint")):
+        if os.path.basename(root) == "d":
+            files += [os.path.join(root, n) for n in names]
+    return sorted(files, key=os.path.getsize, reverse=True)
+
+
+def test_damaged_cache_is_rebuilt_bit_for_bit_with_umask_permissions(tmp_path, monkeypatch, capfd):
+    config = cache_config(tmp_path)
+    calls = []
+    real_train = sft.train_sft
+    monkeypatch.setattr(sft, "train_sft", lambda *a, **k: calls.append(1) or real_train(*a, **k))
+    fresh_model = lambda: Transformer(get_preset("tiny", **SMALL_OVERRIDES), rngs=nnx.Rngs(123))
+    old_umask = os.umask(0o027)  # neither mkdtemp's 0700 nor the common 0755: the mode must follow it
+    try:
+        first = sft.load_warm_start(config, fresh_model(), log=None)
+    finally:
+        os.umask(old_umask)
+    final = sft.warm_start_path(config)
+    assert len(calls) == 1 and os.stat(final).st_mode & 0o777 == 0o750
+    capfd.readouterr()
+
+    # Truncate the largest array file; COMPLETE stays. Loading reports it in one line and rebuilds.
+    victim = _array_files(final)[0]
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) // 2)
+    second = sft.load_warm_start(config, fresh_model(), log=None)
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if "warm start cache" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"warm start cache at {final} is damaged (") and lines[0].endswith("); rebuilding")
+    assert len(calls) == 2 and sft.is_complete(final)
+    # Builds are deterministic by sft.seed: the rebuilt warm start equals the first bit for bit.
+    first_leaves, second_leaves = jax.tree.leaves(first), jax.tree.leaves(second)
+    assert len(first_leaves) == len(second_leaves)
+    for a, b in zip(first_leaves, second_leaves):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Nothing is left beside it (the damaged copy was moved aside and deleted).
+    assert os.listdir(os.path.dirname(final)) == [os.path.basename(final)]
+
+    # Damaged metrics are caught by build_warm_start alone (the `sft` command), too.
+    with open(os.path.join(final, sft.METRICS_FILE), "w") as f:
+        f.write("{ trunc")
+    assert sft.build_warm_start(config, log=None) == final and len(calls) == 3
+    assert "is damaged (JSONDecodeError" in capfd.readouterr().err
+    assert sft.read_metrics(final)["key"] == sft.warm_start_key(config)
+    # A healthy cache is reused without a word.
+    sft.load_warm_start(config, fresh_model(), log=None)
+    assert len(calls) == 3 and "damaged" not in capfd.readouterr().err
+
+
 def test_hf_models_are_refused_with_a_clear_message(tmp_path):
     config = cache_config(tmp_path)
     config.model.hf_path = "/nonexistent/qwen"

@@ -76,15 +76,34 @@ def _wait_for_step(run_dir, step, proc, timeout=900):
     raise AssertionError(f"step {step} not reached in {timeout}s")
 
 
+def _finished_checkpoints(run_dir) -> list[int]:
+    """Steps whose checkpoint is complete (orbax writes into a temporary name and renames when done)."""
+    directory = os.path.join(run_dir, "checkpoints")
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(directory) else []
+
+
+def _wait_for_checkpoint(run_dir, step, proc, timeout=900):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(s >= step for s in _finished_checkpoints(run_dir)):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited early ({proc.returncode}): {proc.stdout.read().decode()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint of step >= {step} in {timeout}s")
+
+
 @pytest.mark.slow
 def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path):
     full_dir, killed_dir = str(tmp_path / "full"), str(tmp_path / "killed")
     full = _run_cli(full_dir)
     assert full.wait(timeout=1800) == 0, full.stdout.read().decode()[-3000:]
 
+    # Kill after a random step's checkpoint is complete (the metrics row of a step is written before
+    # its checkpoint, so waiting for the row would race the checkpoint on a slow machine).
     kill_at = int(np.random.default_rng().integers(1, 4))  # a random step of the 4
     proc = _run_cli(killed_dir)
-    _wait_for_step(killed_dir, kill_at, proc)
+    _wait_for_checkpoint(killed_dir, kill_at, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     resumed = _run_cli(killed_dir)

@@ -30,6 +30,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.rl.group_stats import group_moments, group_var
+
 RETRIEVAL_TOP_K = (2, 4, 8)
 EMA_DECAY = 0.9
 STRATEGY_LABELS = ("first_turn", "trajectory")
@@ -55,15 +57,18 @@ def _estimates(
     true_col: jax.Array,
     row_valid: jax.Array,
     col_valid: jax.Array,
-    num_rows: jax.Array,
     num_cols: jax.Array,
     std_eps: float,
 ) -> dict[str, jax.Array]:
     matched, marginal = _matched_and_marginal(logp, true_col, col_valid, num_cols)
-    matched_mean = _masked_mean(matched, row_valid, num_rows)
-    marginal_mean = _masked_mean(marginal, row_valid, num_rows)
-    # Population std (divide by the number of rows, not rows - 1), as RAGEN's std(unbiased=False).
-    marginal_std = jnp.sqrt(_masked_mean((marginal - marginal_mean) ** 2, row_valid, num_rows))
+    # Shifted moments over the real rows (``group_moments``): when every marginal_m is equal, sigma
+    # is exactly 0 and the z-score exactly MI / eps, instead of an ulp-level sigma ~1e-7 leaking in.
+    matched_mean = group_moments(matched, row_valid).mean
+    marginal_moments = group_moments(marginal, row_valid)
+    marginal_mean = marginal_moments.mean
+    # Population std (divide by the number of rows, not rows - 1), as RAGEN's std(unbiased=False);
+    # NaN with no real rows, like the means.
+    marginal_std = jnp.sqrt(group_var(marginal_moments, ddof=0))
     mi = matched_mean - marginal_mean
     return {
         "mi": mi,
@@ -175,8 +180,8 @@ def mi_metrics(
     num_rows = jnp.sum(row_valid).astype(jnp.float32)
     num_cols = jnp.sum(col_valid).astype(jnp.float32)
 
-    tok = _estimates(logp_mean, true_col, row_valid, col_valid, num_rows, num_cols, std_eps)
-    seq = _estimates(logp_sum, true_col, row_valid, col_valid, num_rows, num_cols, std_eps)
+    tok = _estimates(logp_mean, true_col, row_valid, col_valid, num_cols, std_eps)
+    seq = _estimates(logp_sum, true_col, row_valid, col_valid, num_cols, std_eps)
     metrics = {
         "mi_estimate": tok["mi"],
         "mi_seq_estimate": seq["mi"],

@@ -69,9 +69,21 @@ class GGUFError(ValueError):
 # Opening and metadata
 
 
+def _directory_message(directory: Path) -> str:
+    """Why a directory is not a model file, naming a few .gguf files inside it (a common slip: the
+    folder a model was downloaded to instead of the file)."""
+    found = sorted(p.name for p in directory.glob("*.gguf"))
+    message = f"{directory} is a directory; expected a .gguf file"
+    if found:
+        message += f" such as {directory / found[0]}" + (f" (it holds {len(found)})" if len(found) > 1 else "")
+    return message
+
+
 def open_gguf(path: str | os.PathLike) -> GGUFReader:
     """A memory-mapped reader for ``path``, with clear errors for a missing or non-GGUF file."""
     file = Path(path)
+    if file.is_dir():
+        raise GGUFError(_directory_message(file))
     if not file.is_file():
         raise GGUFError(f"GGUF file {file} does not exist")
     with open(file, "rb") as f:
@@ -81,7 +93,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
     try:
         reader = GGUFReader(str(file), "r")
     except Exception as e:  # the reader raises ValueError / KeyError on a truncated or corrupt file
-        raise GGUFError(f"cannot read {file}: {e} (corrupt or truncated GGUF file)") from None
+        raise GGUFError(f"cannot read {file}: {e} (corrupt or truncated GGUF file: download it again)") from None
     if reader.byte_order != "I":
         raise GGUFError(f"{file} is a big-endian GGUF file; only little-endian files are supported")
     return reader

@@ -305,7 +305,9 @@ def _header_keys(file: Path) -> set[str]:
         with safe_open(str(file), framework="numpy") as f:
             return set(f.keys())
     except Exception as e:  # safetensors raises its own error type for a bad header / size
-        raise CheckpointError(f"cannot read {file}: {e} (corrupt or truncated safetensors file)") from None
+        raise CheckpointError(
+            f"cannot read {file}: {e} (corrupt or truncated safetensors file: download or save it again)"
+        ) from None
 
 
 def _read_tensors(files: dict[str, Path], names: Iterable[str]) -> Iterable[tuple[str, np.ndarray]]:
@@ -369,6 +371,39 @@ def _validate(
             )
 
 
+def read_hf_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a checkpoint directory's ``config.json``; CheckpointError names the file and
+    what is wrong (missing, not JSON, a required field missing or mistyped, an unsupported setting)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    config_file = directory / CONFIG_FILE
+    try:
+        return config_from_hf(_read_json(config_file))
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{config_file} lacks or mistypes required field {e}") from None
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(f"{config_file}: {e}") from None
+
+
+def _layout(directory: Path) -> tuple[ModelConfig, dict[str, Path], dict]:
+    """(config, tensor name -> file, tensor name -> (shape, dtype tag)) after checking that config.json
+    and the safetensors headers describe one model of ours; reads headers only, no tensor data."""
+    cfg = read_hf_config(directory)
+    files = _tensor_files(directory)
+    info = _header_info(files)
+    _validate(files, info, _name_map(cfg), cfg, directory)
+    return cfg, files, info
+
+
+def check_hf_checkpoint(path: str | os.PathLike) -> ModelConfig:
+    """Everything ``load_hf_checkpoint`` checks before reading tensor data (config.json, the weight
+    files' headers and sizes, tensor names and shapes), reading no tensor data; raises CheckpointError."""
+    return _layout(Path(path))[0]
+
+
 def load_hf_checkpoint(
     path: str | os.PathLike, dtype: str | None = None, compute_dtype: str | None = None
 ) -> tuple[Transformer, ModelConfig]:
@@ -379,21 +414,8 @@ def load_hf_checkpoint(
     Raises CheckpointError naming the file and tensor for a missing, unexpected, misshapen or corrupt one.
     """
     directory = Path(path)
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint directory {directory} does not exist")
-    config_file = directory / CONFIG_FILE
-    try:
-        cfg = config_from_hf(_read_json(config_file))
-    except (KeyError, TypeError) as e:
-        raise CheckpointError(f"{config_file} lacks or mistypes required field {e}") from None
-    except CheckpointError:
-        raise
-    except ValueError as e:
-        raise CheckpointError(f"{config_file}: {e}") from None
-    files = _tensor_files(directory)
+    cfg, files, info = _layout(directory)
     entries = _name_map(cfg)
-    info = _header_info(files)
-    _validate(files, info, entries, cfg, directory)
 
     if dtype is None:
         dtype = "bfloat16" if info[entries[0].hf_name][1] == "BF16" else "float32"

@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.rl.group_stats import group_moments, group_var
+
 WHITEN_EPS = 1e-8  # verl masked_whiten: (x - mean) * rsqrt(var + 1e-8)
 
 
@@ -34,20 +36,21 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def masked_var(x: jax.Array, mask: jax.Array, unbiased: bool = True) -> jax.Array:
-    """Masked variance over all entries: mean((x - mean)^2) * n / (n - 1) when unbiased.
+    """Masked variance over all entries: sum((x - mean)^2) / (n - 1) when unbiased, / n otherwise.
 
-    verl raises for n <= 1 (unbiased); inside jit that is impossible, so the variance is defined as 0
-    there (so a single token whitens to 0 rather than NaN). Returns f32[].
+    Shifted two-pass (``group_moments``), so equal values give exactly 0. verl raises for n <= 1
+    (unbiased); inside jit that is impossible, so the variance is defined as 0 there (so a single
+    token whitens to 0 rather than NaN), and as 0 for an empty mask. Returns f32[].
     """
-    m = _f32(mask)
-    x = _f32(x)
-    mean = masked_mean(x, m)
-    centered = jnp.where(m > 0, x - mean, 0.0)
-    n = jnp.sum(m)
-    var = masked_mean(centered * centered, m)
-    if unbiased:
-        var = jnp.where(n > 1, var * n / jnp.maximum(n - 1.0, 1.0), 0.0)
-    return var
+    return _masked_moments_var(x, mask, unbiased)[1]
+
+
+def _masked_moments_var(x: jax.Array, mask: jax.Array, unbiased: bool):
+    """(moments over all entries of x flattened, variance with the n <= ddof cases set to 0)."""
+    mom = group_moments(_f32(x).reshape(-1), jnp.asarray(mask, bool).reshape(-1))
+    ddof = 1 if unbiased else 0
+    var = mom.sum_sq / jnp.maximum(mom.count - ddof, 1.0)
+    return mom, jnp.where(mom.count > ddof, var, 0.0)
 
 
 def masked_whiten(x: jax.Array, mask: jax.Array, shift_mean: bool = True) -> jax.Array:
@@ -57,11 +60,11 @@ def masked_whiten(x: jax.Array, mask: jax.Array, shift_mean: bool = True) -> jax
     positions are set to 0. Returns f32[...].
     """
     x = _f32(x)
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask, unbiased=True)
-    out = (x - mean) * jax.lax.rsqrt(var + WHITEN_EPS)
+    mom, var = _masked_moments_var(x, mask, unbiased=True)
+    # x - mean as the helper's centred values: exactly 0 where every masked value is equal.
+    out = mom.centered.reshape(x.shape) * jax.lax.rsqrt(var + WHITEN_EPS)
     if not shift_mean:
-        out = out + mean
+        out = out + mom.mean
     return jnp.where(jnp.asarray(mask, bool), out, 0.0)
 
 
@@ -172,48 +175,48 @@ def bilevel_gae_advantages(
 
 
 def grpo_advantages(scores: jax.Array, norm_by_std: bool = True, eps: float = 1e-6) -> jax.Array:
-    """GRPO outcome advantages per group (verl ``compute_grpo_outcome_advantage``).
+    """GRPO outcome advantages per group (verl / RAGEN ``compute_grpo_outcome_advantage``).
 
-    scores: f32[G, S] episode rewards. A = (s - mean_g) / (std_g + eps) with the unbiased std;
-    norm_by_std=False (static) gives Dr.GRPO: A = s - mean_g. A singleton group (S = 1) uses
-    mean 0 and std 1, as verl does (so A = s / (1 + eps), or s). Returns f32[G, S]; broadcast to the
-    tokens with ``broadcast_to_tokens``. Groups are independent, so dropping other groups (filtering)
-    leaves a kept group's advantages unchanged. NaN in a group makes that group's advantages NaN.
+    scores: f32[G, S] episode rewards. A = (s - mean_g) / (std_g + eps) with the unbiased std
+    (torch.std); norm_by_std=False (static) gives Dr.GRPO: A = s - mean_g. A singleton group (S = 1)
+    uses mean 0 and std 1, as verl does (so A = s / (1 + eps), or s). mean, s - mean and std come from
+    ``group_moments``, so a group of equal rewards gets exactly A = 0. Returns f32[G, S]; broadcast to
+    the tokens with ``broadcast_to_tokens``. Groups are independent, so dropping other groups
+    (filtering) leaves a kept group's advantages unchanged. NaN in a group makes that group's
+    advantages NaN.
     """
     s = _f32(scores)
     if s.ndim != 2:
         raise ValueError(f"scores must be f32[G, S] (groups x samples), got shape {s.shape}.")
-    n = s.shape[1]
-    if n == 1:
-        mean = jnp.zeros_like(s)
-        std = jnp.ones_like(s)
-    else:
-        mean = jnp.mean(s, axis=1, keepdims=True)
-        std = jnp.sqrt(jnp.sum((s - mean) ** 2, axis=1, keepdims=True) / (n - 1))
-    centered = s - mean
-    return centered / (std + eps) if norm_by_std else centered
+    if s.shape[1] == 1:
+        return s / (jnp.ones((), jnp.float32) + eps) if norm_by_std else s
+    mom = group_moments(s)
+    if not norm_by_std:
+        return mom.centered
+    std = jnp.sqrt(group_var(mom, ddof=1))
+    return mom.centered / (std + eps)[:, None]
 
 
 def grpo_group_std(scores: jax.Array) -> jax.Array:
-    """The std GRPO divides by, per group: unbiased std, or 1.0 for singleton groups. f32[G, S] -> f32[G]."""
+    """The std GRPO divides by, per group: unbiased std (exactly 0 for equal rewards), or 1.0 for
+    singleton groups. f32[G, S] -> f32[G]."""
     s = _f32(scores)
-    n = s.shape[1]
-    if n == 1:
+    if s.shape[1] == 1:
         return jnp.ones(s.shape[0], jnp.float32)
-    return jnp.std(s, axis=1, ddof=1)
+    return jnp.sqrt(group_var(group_moments(s), ddof=1))
 
 
 def rloo_advantages(scores: jax.Array) -> jax.Array:
     """RLOO (verl ``compute_rloo_outcome_advantage``): A_i = s_i - mean_{j != i} s_j.
 
-    = (S / (S - 1)) * (s_i - mean_g). A singleton group keeps A = s (verl). f32[G, S] -> f32[G, S].
+    = (S / (S - 1)) * (s_i - mean_g), with s_i - mean_g from ``group_moments`` (exactly 0 for equal
+    rewards). A singleton group keeps A = s (verl). f32[G, S] -> f32[G, S].
     """
     s = _f32(scores)
     n = s.shape[1]
     if n == 1:
         return s
-    mean = jnp.mean(s, axis=1, keepdims=True)
-    return (s - mean) * (n / (n - 1))
+    return group_moments(s).centered * (n / (n - 1))
 
 
 def broadcast_to_tokens(sequence_advantages: jax.Array, mask: jax.Array) -> jax.Array:

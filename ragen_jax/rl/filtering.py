@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax.rl.group_stats import group_moments, group_var
+
 SCORE_METRICS = ("reward_std", "reward_var", "reward_mean", "reward_sum")
 # RAGEN's config names for the same metrics.
 _METRIC_ALIASES = {"reward_variance": "reward_std", "reward": "reward_mean"}
@@ -66,7 +68,7 @@ def group_scores(rewards: jax.Array, metric: str = "reward_std", ddof: int | Non
         raise ValueError(f"rewards must be f32[G, S] (groups x samples), got shape {r.shape}.")
     s = r.shape[1]
     if metric == "reward_mean":
-        return jnp.mean(r, axis=1)
+        return group_moments(r).mean
     if metric == "reward_sum":
         return jnp.sum(r, axis=1)
     if ddof is None:
@@ -74,12 +76,9 @@ def group_scores(rewards: jax.Array, metric: str = "reward_std", ddof: int | Non
     if s - ddof <= 0:
         # Still propagate non-finite rewards instead of hiding them behind the 0.
         return jnp.where(jnp.all(jnp.isfinite(r), axis=1), 0.0, jnp.nan).astype(jnp.float32)
-    # Shift by each group's first reward before centring: the spread is unchanged, and a group of
-    # equal rewards gets exactly 0 whatever the summation order (e.g. on different meshes), so the
-    # include_zero rule sees it as a zero-variance group.
-    shifted = r - r[:, :1]
-    centered = shifted - jnp.mean(shifted, axis=1, keepdims=True)
-    var = jnp.sum(centered * centered, axis=1) / (s - ddof)
+    # Shifted moments: a group of equal rewards gets exactly 0 whatever the summation order (e.g. on
+    # different meshes), so the include_zero rule sees it as a zero-variance group.
+    var = group_var(group_moments(r), ddof)
     return jnp.sqrt(var) if metric == "reward_std" else var
 
 
@@ -276,7 +275,7 @@ def filter_metrics(rewards: jax.Array, scores: jax.Array, keep: jax.Array) -> di
     stats = {
         "std": group_scores(r, "reward_std"),
         "max": jnp.max(r, axis=1),
-        "mean": jnp.mean(r, axis=1),
+        "mean": group_moments(r).mean,
         "sum": jnp.sum(r, axis=1),
     }
     n_kept = jnp.sum(keep)

@@ -182,6 +182,33 @@ def test_perfectly_diagonal_matrix_reaches_log_n(cols):
     assert float(got["mi_zscore"]) == pytest.approx(math.log(cols) / 1e-3, rel=1e-2)
 
 
+@pytest.mark.parametrize("cols", [2, 3, 7, 16, 33, 64])
+@pytest.mark.parametrize("matched", [0.0, -0.7])
+def test_zero_marginal_std_gives_zscore_log_n_over_eps(cols, matched):
+    """Equal marginals: sigma is exactly 0 and the z-score is MI / eps = log N / eps to float32 rounding.
+
+    Every real row scores `matched` under its own prompt and exp(-1e4) = 0 under the others, so
+    marginal_m = matched - log N for every m. The expected value repeats the library's float32 steps
+    (mi = matched - (matched - log N), z = mi / (0 + eps)); only XLA's log may differ from numpy's, by
+    an ulp or two, so rel = 4 u. A naive float32 mean leaves sigma ~ 5e-7 (z = 2771.3 instead of
+    2772.6 for N = 16), off by 5e-4 relative.
+    """
+    rows = cols + 3  # three padded rows with junk values: excluded from every statistic
+    matrix = np.full((rows, cols), -1e4, np.float32)
+    matrix[np.arange(cols), np.arange(cols)] = matched
+    matrix[cols:] = np.random.default_rng(cols).normal(size=(3, cols))
+    true_col = np.concatenate([np.arange(cols), np.zeros(3, int)])
+    row_valid = np.arange(rows) < cols
+    got = jax.device_get(mi_metrics(matrix, matrix, true_col, row_valid=row_valid))
+    f32 = np.float32
+    log_n = f32(np.log(cols))
+    want = (f32(matched) - (f32(matched) - log_n)) / (f32(0.0) + f32(1e-3))
+    for suffix in ("", "_seq"):
+        assert got["marginal_std" + suffix] == 0.0
+        assert got["mi_zscore" + suffix] == pytest.approx(float(want), rel=4 * 2.0**-24)
+        assert got["mi_zscore" + suffix] == pytest.approx(math.log(cols) / 1e-3, rel=4 * 2.0**-24)
+
+
 def test_single_column_gives_zero_mi_and_trivial_retrieval():
     # G = 1 (first-turn strategy): one prompt, N = 1, I <= log 1 = 0.
     rng = np.random.default_rng(4)
