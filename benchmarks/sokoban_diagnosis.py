@@ -68,11 +68,11 @@ def main() -> None:
     import numpy as np
     from flax import nnx
 
-    from ragen_jax.checkpoint import Checkpointer
+    from ragen_jax.train.checkpoint import Checkpointer
     from ragen_jax.main import load_config_file
-    from ragen_jax.rollout_layout import env_keys
-    from ragen_jax.trainer import TrainState, build_run
-    from ragen_jax.validation import run_validation
+    from ragen_jax.rollout.layout import env_keys
+    from ragen_jax.train.loop import TrainState, build_run
+    from ragen_jax.rollout.validation import run_validation
     from train_step import apply_overrides
 
     config = load_config_file(args.config)

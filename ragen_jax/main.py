@@ -17,7 +17,7 @@ import sys
 from absl import app, logging
 from ml_collections import config_flags
 
-from ragen_jax.config_check import ConfigError, check_config, check_override_keys
+from ragen_jax.setup.config_check import ConfigError, check_config, check_override_keys
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.", lock_config=True)
 
@@ -74,7 +74,7 @@ def _main(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from ragen_jax import distributed
+    from ragen_jax.parallel import distributed
 
     distributed.maybe_initialize(config)
     run_dir = run_dir_of(config)
@@ -86,17 +86,17 @@ def _main(argv: list[str]) -> None:
             f.write("\n")
 
     if config.mode == "sft":
-        from ragen_jax.sft import build_warm_start, read_metrics
+        from ragen_jax.sft.warm_start import build_warm_start, read_metrics
 
         path = build_warm_start(config)
         summary = {k: v for k, v in read_metrics(path).items() if k != "loss_curve"}
         print(json.dumps({"warm_start": path, **summary}, indent=2, default=float))
     elif config.mode == "eval":
-        from ragen_jax.trainer import evaluate
+        from ragen_jax.train.loop import evaluate
 
         print(json.dumps(evaluate(config, run_dir), indent=2))
     else:
-        from ragen_jax.trainer import train
+        from ragen_jax.train.loop import train
 
         summary = train(config, run_dir)
         print(json.dumps(summary, indent=2))

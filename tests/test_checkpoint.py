@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax.checkpoint import Checkpointer, NonFiniteCheckpointError, PreemptionGuard
+from ragen_jax.train.checkpoint import Checkpointer, NonFiniteCheckpointError, PreemptionGuard
 
 
 def _state(x):

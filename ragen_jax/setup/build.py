@@ -73,13 +73,13 @@ def build_policy(config, tokenizer: Tokenizer) -> tuple[Transformer, Any]:
     else:
         actor = build_preset_model(config, tokenizer, config.seed)
     if config.init == "sft":
-        from ragen_jax.sft import load_warm_start
+        from ragen_jax.sft.warm_start import load_warm_start
 
         # Before the critic copies the actor's backbone, so the critic starts from the warm start too.
         nnx.update(actor, load_warm_start(config, actor))
     critic = None
     if config.algorithm.adv_estimator == "gae":
-        from ragen_jax.critic import Critic
+        from ragen_jax.models.critic import Critic
 
         critic = Critic.from_actor(actor, nnx.Rngs(config.seed + 1))
     return actor, critic

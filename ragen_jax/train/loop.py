@@ -5,7 +5,7 @@ the uninterrupted one exactly:
   1. rollout of n_groups x group_size episodes on env seeds train_seed + (s-1) * n_groups + g;
   2. MI diagnostics at step 1 and every ``mi.every`` steps, on the pre-filter batch, for the
      first-turn and trajectory strategies (``ragen_jax.diagnostics``);
-  3. the fused update (``ragen_jax.update``): filter groups, copy-pad, score, advantages, critic and
+  3. the fused update (``ragen_jax.rl.update``): filter groups, copy-pad, score, advantages, critic and
      actor mini-batch updates;
   4. metrics (JSONL + TensorBoard + progress line), sample conversations, validation every
      ``validation.every`` steps (and before training), early-stopping rules (``early_stop``),
@@ -24,20 +24,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ragen_jax import distributed, sharding
-from ragen_jax.checkpoint import Checkpointer, PreemptionGuard
+from ragen_jax.parallel import distributed, sharding
+from ragen_jax.train.checkpoint import Checkpointer, PreemptionGuard
 from ragen_jax.diagnostics import mi_sampling
 from ragen_jax.diagnostics.cross_scoring import score_pairs
 from ragen_jax.diagnostics.mi import init_marginal_std_ema, should_compute_mi
-from ragen_jax.early_stop import EarlyStop
-from ragen_jax.metrics import MetricsWriter, Progress
-from ragen_jax.optim import make_optimizer
+from ragen_jax.train.early_stop import EarlyStop
+from ragen_jax.train.metrics import MetricsWriter, Progress
+from ragen_jax.rl.optim import make_optimizer
 from ragen_jax.rl.filtering import check_finite_rewards
-from ragen_jax.rollout import Rollout
-from ragen_jax.rollout_layout import RolloutConfig
-from ragen_jax.run_setup import build_env, build_policy, build_tokenizer
-from ragen_jax.update import UpdateConfig, make_update_step
-from ragen_jax.validation import concat, validation_metrics
+from ragen_jax.rollout.fused import Rollout
+from ragen_jax.rollout.layout import RolloutConfig
+from ragen_jax.setup.build import build_env, build_policy, build_tokenizer
+from ragen_jax.rl.update import UpdateConfig, make_update_step
+from ragen_jax.rollout.validation import concat, validation_metrics
 
 MI_STRATEGIES = {"first_turn": "collapse_first_turn_sample", "trajectory": "collapse_trajectory_sample"}
 PROGRESS_KEYS = ("train/success", "val/success", "rollout/in_group_reward_std", "filter/kept_ratio",
@@ -278,7 +278,7 @@ def train(config, run_dir: str) -> dict:
         writer.close()
         ckpt.close()
     if is_main and os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-        from ragen_jax.plots import make_plots
+        from ragen_jax.train.plots import make_plots
 
         make_plots(run_dir)
     return {

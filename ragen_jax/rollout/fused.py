@@ -43,7 +43,7 @@ from envs.base import TextEnv, TextLayer
 from envs.text import match_at
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.tokenizers import Tokenizer
-from ragen_jax.rollout_layout import (
+from ragen_jax.rollout.layout import (
     THINK_CLOSE,
     PromptPieces,
     RolloutConfig,
@@ -55,8 +55,8 @@ from ragen_jax.rollout_layout import (
     step_key,
     stop_sequences,
 )
-from ragen_jax.sampling import Sampler, SamplingConfig, init_sampler_state
-from ragen_jax.trajectories import Trajectories, finalize
+from ragen_jax.sampling.sampler import Sampler, SamplingConfig, init_sampler_state
+from ragen_jax.rollout.trajectories import Trajectories, finalize
 
 
 def make_sampler(graphdef: nnx.GraphDef, tokenizer: Tokenizer, config: RolloutConfig, greedy: bool) -> Sampler:
@@ -191,8 +191,8 @@ class Rollout:
         if self.config.context_mode == "limited" and mode == "fused":
             raise ValueError("context_mode='limited' runs in the host path only: set RolloutConfig(mode='host')")
         if mode == "host":
-            from ragen_jax.host_rollout import run_host_rollout
-            from ragen_jax.host_envs import TextEnvHost
+            from ragen_jax.rollout.host_stepped import run_host_rollout
+            from ragen_jax.rollout.host_envs import TextEnvHost
 
             envs = [TextEnvHost(self.layer, env_params, self.config.max_new_tokens) for _ in range(self.config.batch)]
             return run_host_rollout(

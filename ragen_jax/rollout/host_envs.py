@@ -30,7 +30,7 @@ import numpy as np
 
 from envs.base import TextLayer
 from envs.text import Parsed
-from ragen_jax.rollout_layout import env_keys, step_key
+from ragen_jax.rollout.layout import env_keys, step_key
 
 # RAGEN ctx_manager._parse_response: the response is prefixed with the prompt's "<think>".
 ANSWER_PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)

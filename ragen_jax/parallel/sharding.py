@@ -54,7 +54,7 @@ SAMPLE_RULES: dict[str, Any] = {**TRAIN_RULES, "embed": None}
 LAYOUTS = {"train": TRAIN_RULES, "sample": SAMPLE_RULES}
 
 # Parameter path (``a/b/0/c``, matched at its end) -> logical axes of the array's dimensions.
-# Qwen2 / Llama (ragen_jax.models.transformer) and the critic (ragen_jax.critic).
+# Qwen2 / Llama (ragen_jax.models.transformer) and the critic (ragen_jax.models.critic).
 PARAM_PATTERNS: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"(^|/)embed/embedding$", ("vocab", "embed")),          # [V, d]
     (r"attn/q_proj/kernel$", ("embed", "heads")),            # [d, H * hd]
@@ -365,7 +365,7 @@ class ShardedUpdateStep:
     """
 
     def __init__(self, update_step: Any, mesh: Mesh, shardings: StateShardings):
-        from ragen_jax.update import UpdateResult
+        from ragen_jax.rl.update import UpdateResult
 
         self.inner, self.mesh, self.shardings = update_step, mesh, shardings
         rep = replicated(mesh)

@@ -1,6 +1,6 @@
 """Multi-host start-up and per-host data: the same program runs on every host (JAX multi-controller).
 
-    from ragen_jax import distributed
+    from ragen_jax.parallel import distributed
     distributed.maybe_initialize(config)          # first thing, before any other JAX call
     mesh = sharding.make_mesh(config)             # over the devices of all processes
     ...
@@ -133,7 +133,7 @@ def host_local_to_global(batch: Any, mesh: Mesh, spec: PartitionSpec | None = No
     ``spec`` (default: rows over ('data', 'fsdp')). Uses ``jax.make_array_from_process_local_data``;
     with one process it is a plain placement. Scalars must be equal on every process (replicated).
     """
-    from ragen_jax.sharding import batch_spec
+    from ragen_jax.parallel.sharding import batch_spec
 
     rows = NamedSharding(mesh, spec if spec is not None else PartitionSpec(batch_spec(mesh)))
     rep = NamedSharding(mesh, PartitionSpec())
