@@ -193,7 +193,7 @@ def test_init_sft_starts_actor_and_critic_from_the_cached_warm_start(tmp_path):
     config.algorithm.adv_estimator = "gae"  # with a critic, which copies the actor's backbone
     model = Transformer(get_preset("tiny", **SMALL_OVERRIDES), rngs=nnx.Rngs(0))
     warm = sft.load_warm_start(config, model, log=None)  # builds the cache
-    actor, critic = build_policy(config, build_tokenizer(config))
+    actor, critic = build_policy(config, build_tokenizer(config), warm_start=sft.load_warm_start)
     for a, b in zip(jax.tree.leaves(nnx.state(actor)), jax.tree.leaves(warm)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     critic_embed = np.asarray(critic.backbone.embed.embedding[...])

@@ -30,6 +30,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ragen_jax.parallel.sharding import batch_spec
+
 MODES = ("auto", "on", "off")
 ENV_ADDRESS, ENV_COUNT, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 TPU_ENV = ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "CLOUD_TPU_TASK_ID")
@@ -133,8 +135,6 @@ def host_local_to_global(batch: Any, mesh: Mesh, spec: PartitionSpec | None = No
     ``spec`` (default: rows over ('data', 'fsdp')). Uses ``jax.make_array_from_process_local_data``;
     with one process it is a plain placement. Scalars must be equal on every process (replicated).
     """
-    from ragen_jax.parallel.sharding import batch_spec
-
     rows = NamedSharding(mesh, spec if spec is not None else PartitionSpec(batch_spec(mesh)))
     rep = NamedSharding(mesh, PartitionSpec())
 

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ragen_jax.rollout.fused import Rollout
 from ragen_jax.rollout.trajectories import Trajectories
 
 
@@ -71,8 +72,6 @@ def run_validation(
     greedy / temperature default to ``config.val_greedy`` / ``config.val_temperature``. Returns the
     metrics and the (numpy) trajectories of the n_seeds x group_size episodes.
     """
-    from ragen_jax.rollout.fused import Rollout
-
     if n_seeds < 1 or group_size < 1:
         raise ValueError(f"n_seeds and group_size must be >= 1, got {n_seeds}, {group_size}")
     greedy = config.val_greedy if greedy is None else greedy

@@ -43,11 +43,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ragen_jax.sft.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
 from ragen_jax.rl.optim import in_float32
+from ragen_jax.rollout.layout import rollout_config
+from ragen_jax.rollout.validation import run_validation
 from ragen_jax.setup.build import build_env, build_preset_model, build_tokenizer, model_overrides
+from ragen_jax.sft.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
+from ragen_jax.train.checkpoint import Checkpointer
 
 FORMAT_VERSION = 1  # bump when demos or training change in a way the settings do not capture
 BUCKET = 256  # sequence lengths are padded up to a multiple of this many tokens (one compile per length)
@@ -105,8 +108,6 @@ class Parts:
 
 def build_parts(config: Any) -> Parts:
     """Tokenizer, env, rollout settings and a freshly initialised model (seed ``config.sft.seed``)."""
-    from ragen_jax.train.loop import rollout_config
-
     if config.model.hf_path or config.model.get("gguf_path", ""):
         raise ValueError(
             "the supervised warm start trains a preset model from scratch (the embedded default); with "
@@ -288,8 +289,6 @@ def validate_params(parts: Parts, params: nnx.State, episodes: int, temperature:
 
     Returns {"greedy": metrics, "temperature": metrics} (``ragen_jax.rollout.validation.validation_metrics``).
     """
-    from ragen_jax.rollout.validation import run_validation
-
     model = nnx.merge(nnx.split(parts.model)[0], params)
     out = {}
     for name, greedy in (("greedy", True), ("temperature", False)):
@@ -361,8 +360,6 @@ def build_warm_start(config: Any, log: Callable[[str], None] | None = print) -> 
 
 def _write_atomically(final: str, params: nnx.State, metrics: dict) -> None:
     """Write into a temporary sibling, mark it COMPLETE, rename it into place (atomic on one filesystem)."""
-    from ragen_jax.train.checkpoint import Checkpointer
-
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
@@ -386,8 +383,6 @@ def _write_atomically(final: str, params: nnx.State, metrics: dict) -> None:
 
 def restore_params(path: str, model: nnx.Module) -> nnx.State:
     """The parameters saved under ``path`` (a warm-start directory), shaped like ``model``'s."""
-    from ragen_jax.train.checkpoint import Checkpointer
-
     if not is_complete(path):
         raise FileNotFoundError(f"{path} is not a complete warm start; build it with build_warm_start(config)")
     _, template = nnx.split(model)

@@ -24,36 +24,25 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ragen_jax.parallel import distributed, sharding
-from ragen_jax.train.checkpoint import Checkpointer, PreemptionGuard
 from ragen_jax.diagnostics import mi_sampling
-from ragen_jax.diagnostics.cross_scoring import score_pairs
+from ragen_jax.diagnostics.cross_scoring import TRACE_COUNTS, score_pairs
 from ragen_jax.diagnostics.mi import init_marginal_std_ema, should_compute_mi
+from ragen_jax.parallel import distributed, sharding
+from ragen_jax.rl.filtering import check_finite_rewards
+from ragen_jax.rl.optim import make_optimizer
+from ragen_jax.rl.update import UpdateConfig, make_update_step
+from ragen_jax.rollout.fused import Rollout
+from ragen_jax.rollout.layout import RolloutConfig, rollout_config
+from ragen_jax.rollout.validation import concat, validation_metrics
+from ragen_jax.setup.build import build_env, build_policy, build_tokenizer
+from ragen_jax.sft.warm_start import load_warm_start
+from ragen_jax.train.checkpoint import Checkpointer, PreemptionGuard
 from ragen_jax.train.early_stop import EarlyStop
 from ragen_jax.train.metrics import MetricsWriter, Progress
-from ragen_jax.rl.optim import make_optimizer
-from ragen_jax.rl.filtering import check_finite_rewards
-from ragen_jax.rollout.fused import Rollout
-from ragen_jax.rollout.layout import RolloutConfig
-from ragen_jax.setup.build import build_env, build_policy, build_tokenizer
-from ragen_jax.rl.update import UpdateConfig, make_update_step
-from ragen_jax.rollout.validation import concat, validation_metrics
 
 MI_STRATEGIES = {"first_turn": "collapse_first_turn_sample", "trajectory": "collapse_trajectory_sample"}
 PROGRESS_KEYS = ("train/success", "val/success", "rollout/in_group_reward_std", "filter/kept_ratio",
                  "collapse_trajectory_sample/mi_estimate")
-
-
-def rollout_config(config) -> RolloutConfig:
-    r, v, e = config.rollout, config.validation, config.env
-    return RolloutConfig(
-        n_groups=r.n_groups, group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-        max_actions_per_turn=e.max_actions_per_turn, prompt_style=e.prompt_style,
-        chat_template=config.model.chat_style, context_mode=r.context_mode,
-        context_window=r.context_window if r.context_mode == "limited" else 0, mode=r.mode,
-        temperature=r.temperature, val_temperature=v.temperature, val_greedy=v.greedy,
-        train_seed=r.train_seed, val_seed=v.seed, format_penalty=r.format_penalty,
-    )
 
 
 @dataclasses.dataclass
@@ -97,7 +86,7 @@ class TrainState:
 def build_run(config) -> tuple[Run, TrainState]:
     tokenizer = build_tokenizer(config)
     env, env_params = build_env(config)
-    actor, critic = build_policy(config, tokenizer)
+    actor, critic = build_policy(config, tokenizer, warm_start=load_warm_start)
     actor_graphdef, actor_params = nnx.split(actor)
     update_cfg = UpdateConfig.from_config(config)
     o = config.optim
@@ -292,8 +281,6 @@ def train(config, run_dir: str) -> dict:
 
 def trace_counts(run: Run) -> dict[str, int]:
     """How often each jitted program of the run was traced (each should be 1)."""
-    from ragen_jax.diagnostics.cross_scoring import TRACE_COUNTS
-
     counts = {"rollout": run.rollout.trace_count, "validation_rollout": run.val_rollout.trace_count,
               "update": run.update_step.traces}
     counts.update({f"mi/{k}": v for k, v in TRACE_COUNTS.items()})
