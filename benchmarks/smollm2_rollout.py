@@ -77,7 +77,7 @@ def play(rollout: Rollout, params, seeds, key: int, mode: str) -> dict:
         "success_rate": float(t.success.mean()),
         "mean_episode_reward": float(t.episode_reward.mean()),
         "mean_turns": float(t.num_turns.mean()),
-        "example": rollout.to_text(traj, 0),
+        "example": traj.to_text(0, rollout.tokenizer),
     }
 
 

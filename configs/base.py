@@ -134,7 +134,6 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.trainer.total_steps = 400
     c.trainer.checkpoint_every = 100
     c.trainer.keep_checkpoints = 3
-    c.trainer.log_every = 1
     c.trainer.sample_every = 10  # log sample conversations as text
     c.trainer.max_nonfinite_in_a_row = 3
     c.trainer.rv_collapse_baseline_steps = 10
