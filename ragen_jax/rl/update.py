@@ -76,7 +76,7 @@ class UpdateConfig:
     norm_adv_by_std: bool = True
     actor_loss: ActorLossConfig = ActorLossConfig()
     value_clip: float = 0.5
-    critic_loss_agg_mode: str = "token-mean"  # verl's critic default (reference 3.2)
+    critic_loss_agg_mode: str = "token-mean"  # verl's critic default (``critic.loss_agg_mode``)
     ppo_epochs: int = 1
     mini_batch_size: int = 32
     micro_batch_size: int = 8

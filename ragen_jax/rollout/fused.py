@@ -17,7 +17,7 @@ length is static per turn):
 The cache holds [prompt 1][response 1][prompt 2]... with static block widths (``rollout_layout``);
 the returned ``Trajectories`` are that sequence with the holes removed (per-row stable compaction).
 
-Deliberate differences from RAGEN (reference/ragen2.md 3.6):
+Deliberate differences from RAGEN (``ragen/llm_agent/agent_proxy.py::LLMAgentProxy.rollout``, ``ctx_manager.py``):
 - Tokens in, tokens out: the training sequence keeps the generated tokens (up to and including the
   stop "</answer>" or EOS), not RAGEN's rewritten "<think>..</think><answer>..</answer>" message, so the
   stored log-probs are exactly the policy's. Generation stops at "</answer>" (RAGEN runs to EOS and

@@ -1,4 +1,4 @@
-"""Validation rollouts (RAGEN-2 3.8): a fixed set of held-out seeds, greedy or temperature 0.5.
+"""Validation rollouts (RAGEN ``ragen/trainer/agent_trainer.py::_validate``): a fixed set of held-out seeds, greedy or temperature 0.5.
 
 RAGEN validates on 512 groups x 1 sample, seeds 123, 124, ..., with sampling at temperature 0.5, every
 ``test_freq`` steps and before training. ``run_validation`` runs ``n_seeds`` seeds x ``group_size``

@@ -1,4 +1,4 @@
-"""The training loop: rollout -> MI diagnostics -> filtered PPO/GRPO update -> record (RAGEN-2 2.5).
+"""The training loop: rollout -> MI diagnostics -> filtered PPO/GRPO update -> record (RAGEN ``agent_trainer.py::fit``).
 
 Per step s (1-based), everything random is a function of (config.seed, s), so a resumed run repeats
 the uninterrupted one exactly:
