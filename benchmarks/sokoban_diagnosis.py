@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # "P (1, 1) X (2, 2) O (1, 2)" (player, box, target; "S" = player on a target), the compact prompt's
-# state line and the start of a demonstration's reasoning (ragen_jax/demos.py).
+# state line and the start of a demonstration's reasoning (ragen_jax/sft/demos.py).
 STATE_LINE = re.compile(r"[PS] \((\d+), (\d+)\) X \((\d+), (\d+)\) O \((\d+), (\d+)\)")
 
 

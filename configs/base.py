@@ -23,7 +23,7 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.mode = "train"  # train | eval | sft (build the supervised warm start only)
     c.run_dir = ""  # default: runs/<env.name>-<algorithm.name>-seed<seed>
     # random: random preset weights, or the weights of model.hf_path / gguf_path;
-    # sft: the supervised warm start (ragen_jax/sft.py), built and cached under sft.cache_dir if missing.
+    # sft: the supervised warm start (ragen_jax/sft/warm_start.py), built and cached under sft.cache_dir if missing.
     c.init = "random"
 
     # Supervised warm start on solver demonstrations (used by init=sft and mode=sft).

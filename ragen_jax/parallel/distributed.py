@@ -172,7 +172,7 @@ def nonfinite_leaves(tree: Any) -> list[str]:
     """Paths of the floating-point leaves holding a NaN or infinity, for arrays of any sharding.
 
     A jitted all-reduce per leaf with a replicated scalar result, so it works on arrays spread over
-    several processes (``np.asarray`` cannot fetch those). Same contract as checkpoint.py's check.
+    several processes (``np.asarray`` cannot fetch those). Same contract as train/checkpoint.py's check.
     """
     import jax.numpy as jnp
 

@@ -119,7 +119,7 @@ class RolloutConfig:
     training default; val_temperature (RAGEN 0.5) and val_greedy for validation; train_seed /
     val_seed: seed bases (RAGEN 10000 / 123); format_penalty (RAGEN -0.1 per invalid turn);
     max_user_tokens: the static width of one user message for host envs (0: derived from the
-    on-device text layer); kv_block: the sampler's attention block (see ``sampling.py``);
+    on-device text layer); kv_block: the sampler's attention block (see ``sampling/sampler.py``);
     parse_bytes_per_token / parse_answer_window: the on-device parse's cost knobs (``envs/base.py``
     TextLayer; None = exact RAGEN parsing of any response, the default here; e.g. 4 / 64 bound the
     parse's work for long responses and BPE vocabularies, and the host adapter mirrors them).
