@@ -176,8 +176,8 @@ def compare(run_a: str, run_b: str, steps: int, warm: bool, cache_a: str) -> dic
     sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "configs")]
     from small import get_config
 
-    from ragen_jax.checkpoint import Checkpointer
-    from ragen_jax.trainer import build_run
+    from ragen_jax.train.checkpoint import Checkpointer
+    from ragen_jax.train.loop import build_run
 
     config = get_config("frozen_lake")
     config.trainer.total_steps = steps

@@ -36,8 +36,8 @@ from envs.sokoban import SokobanEnv  # noqa: E402
 from ragen_jax.models.config import get_preset  # noqa: E402
 from ragen_jax.models.tokenizers import CharTokenizer  # noqa: E402
 from ragen_jax.models.transformer import Transformer  # noqa: E402
-from ragen_jax.rollout import Rollout  # noqa: E402
-from ragen_jax.rollout_layout import RolloutConfig  # noqa: E402
+from ragen_jax.rollout.fused import Rollout  # noqa: E402
+from ragen_jax.rollout.layout import RolloutConfig  # noqa: E402
 
 
 def measure(rollout: Rollout, params, seeds, repeats: int, mode: str) -> dict[str, float]:

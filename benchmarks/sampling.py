@@ -89,7 +89,7 @@ def main() -> None:
     from ragen_jax.models import transformer
     from ragen_jax.models.config import get_preset
     from ragen_jax.models.hf_io import save_hf_checkpoint
-    from ragen_jax.sampling import Sampler, SamplingConfig, init_sampler_state
+    from ragen_jax.sampling.sampler import Sampler, SamplingConfig, init_sampler_state
 
     torch.set_num_threads(args.threads)
     cfg = get_preset("tiny")

@@ -1,8 +1,8 @@
 """Scaling of the sharded update step over a mesh, and (on a GPU) MFU of the update and the sampler's
 HBM-bandwidth share.
 
-CPU mode (default without a GPU): the fused update step (``ragen_jax.update``, GRPO, no filter)
-wrapped by ``ragen_jax.sharding.ShardedUpdateStep`` on 1, 2, 4 and 8 forced CPU devices (a data
+CPU mode (default without a GPU): the fused update step (``ragen_jax.rl.update``, GRPO, no filter)
+wrapped by ``ragen_jax.parallel.sharding.ShardedUpdateStep`` on 1, 2, 4 and 8 forced CPU devices (a data
 mesh (N, 1, 1), plus (2, 2, 2) on 8), each in its own process (the device count is fixed at start-up).
 The peer is the 1-device run of the same batch: the table gives each mesh's throughput ratio to it and
 the largest relative difference of its metrics (pg_loss, grad norm, entropy, ...) from it. On a 2-core
@@ -62,7 +62,7 @@ def synthetic_traj(rows: int, length: int, vocab: int, group_size: int, seed: in
     import jax.numpy as jnp
     import numpy as np
 
-    from ragen_jax.trajectories import finalize
+    from ragen_jax.rollout.trajectories import finalize
 
     rng = np.random.default_rng(seed)
     tokens = np.zeros((rows, length), np.int32)
@@ -95,8 +95,8 @@ def build_update(cfg, rows: int, mini: int, micro: int, group_size: int, lr: flo
     from flax import nnx
 
     from ragen_jax.models.transformer import Transformer
-    from ragen_jax.optim import make_optimizer
-    from ragen_jax.update import UpdateConfig, make_update_step
+    from ragen_jax.rl.optim import make_optimizer
+    from ragen_jax.rl.update import UpdateConfig, make_update_step
 
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
@@ -111,7 +111,7 @@ def cpu_child(mesh_shape: tuple[int, int, int], rows: int, seq_len: int, repeats
     import numpy as np
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    from ragen_jax import sharding
+    from ragen_jax.parallel import sharding
     from ragen_jax.models.config import get_preset
 
     cfg = get_preset("tiny", hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -193,7 +193,7 @@ def run_gpu(args) -> dict:
 
     from ragen_jax.models.config import get_preset
     from ragen_jax.models.transformer import Transformer
-    from ragen_jax.sampling import Sampler, SamplingConfig, init_sampler_state
+    from ragen_jax.sampling.sampler import Sampler, SamplingConfig, init_sampler_state
 
     device = jax.devices()[0]
     peak_flops, peak_hbm = _peaks(device.device_kind, args)

@@ -38,8 +38,8 @@ from flax import nnx  # noqa: E402
 from envs.registry import make  # noqa: E402
 from ragen_jax.main import load_config_file  # noqa: E402
 from ragen_jax.models.gguf import chat_settings, load_gguf  # noqa: E402
-from ragen_jax.rollout import Rollout  # noqa: E402
-from ragen_jax.rollout_layout import RolloutConfig  # noqa: E402
+from ragen_jax.rollout.fused import Rollout  # noqa: E402
+from ragen_jax.rollout.layout import RolloutConfig  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -77,7 +77,7 @@ def play(rollout: Rollout, params, seeds, key: int, mode: str) -> dict:
         "success_rate": float(t.success.mean()),
         "mean_episode_reward": float(t.episode_reward.mean()),
         "mean_turns": float(t.num_turns.mean()),
-        "example": rollout.to_text(traj, 0),
+        "example": traj.to_text(0, rollout.tokenizer),
     }
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # "P (1, 1) X (2, 2) O (1, 2)" (player, box, target; "S" = player on a target), the compact prompt's
-# state line and the start of a demonstration's reasoning (ragen_jax/demos.py).
+# state line and the start of a demonstration's reasoning (ragen_jax/sft/demos.py).
 STATE_LINE = re.compile(r"[PS] \((\d+), (\d+)\) X \((\d+), (\d+)\) O \((\d+), (\d+)\)")
 
 
@@ -68,11 +68,11 @@ def main() -> None:
     import numpy as np
     from flax import nnx
 
-    from ragen_jax.checkpoint import Checkpointer
+    from ragen_jax.train.checkpoint import Checkpointer
     from ragen_jax.main import load_config_file
-    from ragen_jax.rollout_layout import env_keys
-    from ragen_jax.trainer import TrainState, build_run
-    from ragen_jax.validation import run_validation
+    from ragen_jax.rollout.layout import env_keys
+    from ragen_jax.train.loop import TrainState, build_run
+    from ragen_jax.rollout.validation import run_validation
     from train_step import apply_overrides
 
     config = load_config_file(args.config)

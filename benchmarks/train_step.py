@@ -76,7 +76,7 @@ def _parse_args():
 def apply_overrides(config, overrides: list[str]) -> None:
     """``a.b=value`` strings onto an ml_collections config; values parse as Python literals, else strings.
     Unknown keys fail as the CLI's do (``config_check.check_override_keys``: one line, nearest key)."""
-    from ragen_jax.config_check import ConfigError, check_override_keys
+    from ragen_jax.setup.config_check import ConfigError, check_override_keys
 
     pairs = [item.partition("=") for item in overrides]
     if any(not sep for _, sep, _ in pairs):
@@ -107,7 +107,7 @@ def compacted_batch(traj, advantages):
     import jax.numpy as jnp
     import numpy as np
 
-    from ragen_jax.rollout_layout import compact_rows
+    from ragen_jax.rollout.layout import compact_rows
 
     loss = traj.loss_mask.astype(jnp.float32)
     tokens, loss_mask, old_logp, adv, counts = compact_rows(
@@ -191,12 +191,12 @@ def main() -> None:
     from flax import nnx
     from transformers import Qwen2ForCausalLM
 
-    from ragen_jax import sharding
+    from ragen_jax.parallel import sharding
     from ragen_jax.main import load_config_file
     from ragen_jax.models.hf_io import save_hf_checkpoint
     from ragen_jax.models.logprobs import sequence_logprobs
     from ragen_jax.rl.advantages import grpo_advantages
-    from ragen_jax.trainer import build_run, mi_diagnostics
+    from ragen_jax.train.loop import build_run, mi_diagnostics
 
     torch.set_num_threads(2)
     config = load_config_file(args.config)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from ragen_jax.config_check import ConfigError
+from ragen_jax.setup.config_check import ConfigError
 
 
 def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
@@ -25,7 +25,7 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.mode = "train"  # train | eval | sft (build the supervised warm start only)
     c.run_dir = ""  # default: runs/<env.name>-<algorithm.name>-seed<seed>
     # random: random preset weights, or the weights of model.hf_path / gguf_path;
-    # sft: the supervised warm start (ragen_jax/sft.py), built and cached under sft.cache_dir if missing.
+    # sft: the supervised warm start (ragen_jax/sft/warm_start.py), built and cached under sft.cache_dir if missing.
     c.init = "random"
 
     # Supervised warm start on solver demonstrations (used by init=sft and mode=sft).
@@ -136,7 +136,6 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.trainer.total_steps = 400
     c.trainer.checkpoint_every = 100
     c.trainer.keep_checkpoints = 3
-    c.trainer.log_every = 1
     c.trainer.sample_every = 10  # log sample conversations as text
     c.trainer.max_nonfinite_in_a_row = 3
     c.trainer.rv_collapse_baseline_steps = 10

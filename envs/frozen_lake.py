@@ -174,7 +174,6 @@ class FrozenLake(TextEnv):
     def instruction_text(self, params: FrozenLakeParams, style: str) -> str:
         if style == "ragen":
             return RAGEN_INSTRUCTION
-        last = params.size - 1
         return f"FrozenLake {params.size}x{params.size}: move P to goal G, avoid holes O. Up: row - 1, Left: col - 1.\n"
 
     def symbol_legend(self) -> Sequence[tuple[str, str]]:

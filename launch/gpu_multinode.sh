@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train ragen_jax on several GPU hosts: one JAX process per host, all running the same program.
 # Each process gets JAX_COORDINATOR_ADDRESS (host 0 : port), JAX_NUM_PROCESSES and JAX_PROCESS_ID, which
-# ragen_jax.distributed.maybe_initialize passes to jax.distributed.initialize; the mesh then spans the
+# ragen_jax.parallel.distributed.maybe_initialize passes to jax.distributed.initialize; the mesh then spans the
 # GPUs of all hosts.
 #
 # SLURM (inside an allocation, e.g. `salloc -N 4 --gpus-per-node=8` or an sbatch script):

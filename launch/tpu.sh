@@ -19,7 +19,7 @@
 #   logs    tail -f the log of one worker (--log-worker N, default 0: process 0 prints the progress)
 #   delete  delete the TPU VM (asks no question)
 #   all     create, setup, run --foreground, then delete (unless --keep), also after a failure
-# Every worker runs the same program; ragen_jax.distributed.maybe_initialize detects the TPU pod and calls
+# Every worker runs the same program; ragen_jax.parallel.distributed.maybe_initialize detects the TPU pod and calls
 # jax.distributed.initialize(), and the mesh spans all chips of the slice.
 set -euo pipefail
 

@@ -36,7 +36,7 @@ from flax import nnx
 
 from ragen_jax.models.tokenizers import SPECIAL_TOKENS, CharTokenizer
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.run_setup import build_policy, build_tokenizer
+from ragen_jax.setup.build import build_policy, build_tokenizer
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"

@@ -25,7 +25,7 @@ import traceback
 from absl import app, logging
 from ml_collections import config_flags
 
-from ragen_jax.config_check import ConfigError, check_config, check_override_keys, run_dir_of
+from ragen_jax.setup.config_check import ConfigError, check_config, check_override_keys, run_dir_of
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.", lock_config=True)
 
@@ -112,7 +112,7 @@ def run_error_line(e: BaseException, run_dir: str) -> tuple[str, int] | None:
     """(one-line message, exit status) for an error a user can fix, None for a bug (which keeps its
     traceback). A bad config or model file, a refused resume or a damaged checkpoint directory exit 2; a
     full disk exits 1 and says that the run resumes from its newest complete checkpoint."""
-    from ragen_jax.checkpoint import CheckpointRestoreError
+    from ragen_jax.train.checkpoint import CheckpointRestoreError
     from ragen_jax.models.gguf import GGUFError
     from ragen_jax.models.hf_io import CheckpointError
 
@@ -147,7 +147,7 @@ def _main(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from ragen_jax import distributed
+    from ragen_jax.parallel import distributed
 
     distributed.maybe_initialize(config)
     run_dir = run_dir_of(config)
@@ -157,17 +157,17 @@ def _main(argv: list[str]) -> None:
     # a command that fails (a bad model file, a refused resume, eval, sft) never replaces it.
     try:
         if config.mode == "sft":
-            from ragen_jax.sft import build_warm_start, read_metrics
+            from ragen_jax.sft.warm_start import build_warm_start, read_metrics
 
             path = build_warm_start(config)
             summary = {k: v for k, v in read_metrics(path).items() if k != "loss_curve"}
             print(json.dumps({"warm_start": path, **summary}, indent=2, default=float))
         elif config.mode == "eval":
-            from ragen_jax.trainer import evaluate
+            from ragen_jax.train.loop import evaluate
 
             print(json.dumps(evaluate(config, run_dir), indent=2))
         else:
-            from ragen_jax.trainer import train
+            from ragen_jax.train.loop import train
 
             summary = train(config, run_dir)
             print(json.dumps(summary, indent=2))

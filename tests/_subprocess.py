@@ -66,7 +66,7 @@ def run_processes(script: str, num_processes: int = 2, devices_per_process: int 
     """Run ``script`` as ``num_processes`` JAX processes on a loopback coordinator (gloo CPU collectives).
 
     Each child gets JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID in its environment (the
-    script calls ``ragen_jax.distributed.maybe_initialize``). Returns the JSON of each process, by id.
+    script calls ``ragen_jax.parallel.distributed.maybe_initialize``). Returns the JSON of each process, by id.
     """
     code = PRELUDE + 'jax.config.update("jax_cpu_collectives_implementation", "gloo")\n' + textwrap.dedent(script)
     address = f"127.0.0.1:{free_port()}"

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ragen_jax.checkpoint import Checkpointer, NonFiniteCheckpointError, PreemptionGuard
+from ragen_jax.train.checkpoint import Checkpointer, NonFiniteCheckpointError, PreemptionGuard
 
 
 def _state(x):
@@ -113,7 +113,7 @@ def test_restore_newest_skips_a_damaged_checkpoint_in_one_line_and_quarantine_mo
 
 
 def test_no_restorable_checkpoint_is_one_line(tmp_path):
-    from ragen_jax.checkpoint import CheckpointRestoreError
+    from ragen_jax.train.checkpoint import CheckpointRestoreError
 
     directory = str(tmp_path / "ckpt")
     ckpt = Checkpointer(directory)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from flax import nnx
 
-from ragen_jax.critic import Critic, previous_valid_index
+from ragen_jax.models.critic import Critic, previous_valid_index
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.optim import make_optimizer, learning_rate
+from ragen_jax.rl.optim import make_optimizer, learning_rate
 
 
 def tiny_cfg(**kw):

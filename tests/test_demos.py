@@ -1,6 +1,6 @@
 """Solver demonstrations: solver-correct, noisy but coherent, and exactly the rollout's token layout.
 
-References are independent of ``ragen_jax.demos``: gymnasium's FrozenLake for replays, a plain-Python
+References are independent of ``ragen_jax.sft.demos``: gymnasium's FrozenLake for replays, a plain-Python
 Sokoban push rule (``envs.sokoban_solver.push_step``), Python ``eval`` for Countdown, and the rollout
 itself (fused and host paths) driven by a sampler that emits the demonstrated responses.
 """
@@ -22,13 +22,13 @@ from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake, to_desc
 from envs.sokoban import SokobanEnv
 from envs.sokoban_solver import push_step
-from ragen_jax.demos import DemoWriter, demo_seeds, demo_stats, response_text
+from ragen_jax.sft.demos import DemoWriter, demo_seeds, demo_stats, response_text
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.tokenizers import CharTokenizer
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.rollout import Rollout
-from ragen_jax.rollout_layout import RolloutConfig, env_keys
-from ragen_jax.sampling import SampleOutput
+from ragen_jax.rollout.fused import Rollout
+from ragen_jax.rollout.layout import RolloutConfig, env_keys
+from ragen_jax.sampling.sampler import SampleOutput
 
 TOK = CharTokenizer()
 SMALL = get_preset("tiny", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -178,7 +178,7 @@ def test_noisy_frozen_lake_demos_are_valid_and_coherent(lake_demos):
 
 
 def test_response_text_format():
-    from ragen_jax.demos import TurnChoice
+    from ragen_jax.sft.demos import TurnChoice
 
     assert response_text(TurnChoice("why", ("Up", "Left"))) == "why</think><answer>Up || Left</answer>"
 

@@ -1,4 +1,4 @@
-"""Multi-host start-up (ragen_jax.distributed): when to initialise, and two real local JAX processes.
+"""Multi-host start-up (ragen_jax.parallel.distributed): when to initialise, and two real local JAX processes.
 
 The two-process test runs 2 training steps of a tiny bandit config on a 4-device global mesh (2
 processes x 2 CPU devices, gloo collectives, loopback coordinator), saves and restores an orbax
@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from ragen_jax import distributed
+from ragen_jax.parallel import distributed
 from tests._subprocess import run_processes
 
 JAX_ENV = {"JAX_COORDINATOR_ADDRESS": "10.0.0.2:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
@@ -67,17 +67,17 @@ def test_bad_mode_and_single_process_helpers():
 
 TWO_PROCESS_SCRIPT = """
 import json, os, sys
-from ragen_jax import distributed
+from ragen_jax.parallel import distributed
 plan = distributed.maybe_initialize(None)      # JAX_COORDINATOR_ADDRESS / _NUM_PROCESSES / _PROCESS_ID
 import jax, jax.numpy as jnp, numpy as np
-from ragen_jax import sharding
-from ragen_jax.checkpoint import Checkpointer
-from ragen_jax.metrics import MetricsWriter
+from ragen_jax.parallel import sharding
+from ragen_jax.train.checkpoint import Checkpointer
+from ragen_jax.train.metrics import MetricsWriter
 from ragen_jax.models.config import PRESETS, ModelConfig
 PRESETS["sharding-test"] = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2,
     num_heads=4, num_kv_heads=2, head_dim=16, tie_embeddings=False, max_position_embeddings=4096)
 from configs.bandit import get_config
-from ragen_jax.trainer import TrainState, build_run
+from ragen_jax.train.loop import TrainState, build_run
 
 run_dir = os.environ["RUN_DIR"]
 c = get_config("ppo")
@@ -149,11 +149,11 @@ def test_two_processes_train_checkpoint_and_agree(tmp_path):
 
 NONFINITE_SCRIPT = """
 import json
-from ragen_jax import distributed
+from ragen_jax.parallel import distributed
 distributed.maybe_initialize(None)
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from ragen_jax import sharding
+from ragen_jax.parallel import sharding
 mesh = sharding.make_mesh((2, 2, 1))
 rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))      # each process holds half of the rows
 bad = np.ones((4, 3), np.float32)

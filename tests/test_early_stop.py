@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from ragen_jax.early_stop import EarlyStop
+from ragen_jax.train.early_stop import EarlyStop
 
 
 def _steps(stop: EarlyStop, reward_stds, empty=False, nonfinite=False) -> list[str]:

@@ -23,14 +23,14 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ragen_jax import sharding  # noqa: E402
-from ragen_jax.checkpoint import Checkpointer  # noqa: E402
+from ragen_jax.parallel import sharding  # noqa: E402
+from ragen_jax.train.checkpoint import Checkpointer  # noqa: E402
 from ragen_jax.export import ExportError, export_hf, main, restore_policy  # noqa: E402
 from ragen_jax.models.config import get_preset  # noqa: E402
 from ragen_jax.models.hf_io import save_hf_checkpoint  # noqa: E402
 from ragen_jax.models.hf_tokenizer import HFTokenizer  # noqa: E402
 from ragen_jax.models.transformer import Transformer  # noqa: E402
-from ragen_jax.trainer import build_run  # noqa: E402
+from ragen_jax.train.loop import build_run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "configs"))
@@ -149,7 +149,7 @@ def test_export_never_builds_the_warm_start(run_dir, tmp_path, monkeypatch):
     """A run with init=sft: the checkpoint holds the actor, so the warm start is neither built nor read."""
     import shutil
 
-    import ragen_jax.sft
+    import ragen_jax.sft.warm_start
 
     directory, saved, _ = run_dir
     copy = tmp_path / "sft_run"
@@ -161,8 +161,8 @@ def test_export_never_builds_the_warm_start(run_dir, tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("export must not build or load the supervised warm start")
 
-    monkeypatch.setattr(ragen_jax.sft, "build_warm_start", refuse)
-    monkeypatch.setattr(ragen_jax.sft, "load_warm_start", refuse)
+    monkeypatch.setattr(ragen_jax.sft.warm_start, "build_warm_start", refuse)
+    monkeypatch.setattr(ragen_jax.sft.warm_start, "load_warm_start", refuse)
     policy = restore_policy(str(copy))
     np.testing.assert_array_equal(np.asarray(policy.model.embed.embedding.get_value()),
                                   saved[STEPS[-1]]["embed"]["embedding"])

@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from ragen_jax import plots
-from ragen_jax.metrics import MetricsWriter, Progress, read_metrics
+from ragen_jax.train import plots
+from ragen_jax.train.metrics import MetricsWriter, Progress, read_metrics
 
 
 def test_jsonl_tensorboard_samples_and_plots(tmp_path):

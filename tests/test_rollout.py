@@ -24,14 +24,14 @@ from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
 from envs.sokoban import SokobanEnv
 from envs.text import Parsed
-from ragen_jax.host_envs import HostStep, parse_response
-from ragen_jax.host_rollout import HostRollout
+from ragen_jax.rollout.host_envs import HostStep, parse_response
+from ragen_jax.rollout.host_stepped import HostRollout
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.tokenizers import CharTokenizer
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.rollout import Rollout
-from ragen_jax.rollout_layout import RolloutConfig, env_keys
+from ragen_jax.rollout.fused import Rollout
+from ragen_jax.rollout.layout import RolloutConfig, env_keys
 
 TOK = CharTokenizer()
 V = TOK.vocab_size
@@ -297,7 +297,7 @@ def test_host_env_protocol(model):
 
 def test_qwen_template_matches_chat_module():
     chat = pytest.importorskip("ragen_jax.models.chat")
-    from ragen_jax.rollout_layout import get_chat_template
+    from ragen_jax.rollout.layout import get_chat_template
 
     template = get_chat_template("qwen")
     first = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"}]

@@ -16,8 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from ragen_jax.checkpoint import Checkpointer, CheckpointRestoreError
-from ragen_jax.trainer import build_run, train
+from ragen_jax.train.checkpoint import Checkpointer, CheckpointRestoreError
+from ragen_jax.train.loop import build_run, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = os.path.join(ROOT, "tests", "configs", "small.py")

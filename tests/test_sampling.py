@@ -18,7 +18,7 @@ from ragen_jax.models.config import get_preset
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.tokenizers import CharTokenizer
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.sampling import (
+from ragen_jax.sampling.sampler import (
     Sampler,
     SamplingConfig,
     filter_logits,

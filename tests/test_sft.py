@@ -18,12 +18,12 @@ from flax import nnx
 
 from configs.frozen_lake import get_config
 from envs.frozen_lake import FrozenLake
-from ragen_jax import sft
-from ragen_jax.demos import DemoWriter, demo_seeds
+from ragen_jax.sft import warm_start as sft
+from ragen_jax.sft.demos import DemoWriter, demo_seeds
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.tokenizers import CharTokenizer
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.rollout_layout import RolloutConfig
+from ragen_jax.rollout.layout import RolloutConfig
 
 TOK = CharTokenizer()
 SMALL_OVERRIDES = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
@@ -239,14 +239,14 @@ def test_hf_models_are_refused_with_a_clear_message(tmp_path):
 
 
 def test_init_sft_starts_actor_and_critic_from_the_cached_warm_start(tmp_path):
-    from ragen_jax.run_setup import build_policy, build_tokenizer
+    from ragen_jax.setup.build import build_policy, build_tokenizer
 
     config = cache_config(tmp_path)
     config.init = "sft"
     config.algorithm.adv_estimator = "gae"  # with a critic, which copies the actor's backbone
     model = Transformer(get_preset("tiny", **SMALL_OVERRIDES), rngs=nnx.Rngs(0))
     warm = sft.load_warm_start(config, model, log=None)  # builds the cache
-    actor, critic = build_policy(config, build_tokenizer(config))
+    actor, critic = build_policy(config, build_tokenizer(config), warm_start=sft.load_warm_start)
     for a, b in zip(jax.tree.leaves(nnx.state(actor)), jax.tree.leaves(warm)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     critic_embed = np.asarray(critic.backbone.embed.embedding[...])

@@ -1,4 +1,4 @@
-"""Mesh and partition rules (ragen_jax.sharding).
+"""Mesh and partition rules (ragen_jax.parallel.sharding).
 
 Fast tests compute specs on abstract meshes (no devices needed) for the real Qwen2.5 shapes, against
 specs written out by hand from the rules table. Placement and numerics run in a subprocess with 8 forced
@@ -16,12 +16,12 @@ import pytest
 from flax import nnx
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from ragen_jax import sharding
-from ragen_jax.critic import Critic
+from ragen_jax.parallel import sharding
+from ragen_jax.models.critic import Critic
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.kv_cache import init_cache
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.optim import make_optimizer
+from ragen_jax.rl.optim import make_optimizer
 from tests._subprocess import run_script
 
 
@@ -106,7 +106,7 @@ def test_sample_layout_drops_fsdp_and_keeps_tensor():
 def test_heads_split_only_on_whole_heads(caplog):
     # tensor = 4: 14 query heads and 2 KV heads do not split in 4 (896 columns would, mid-head): replicated.
     cfg, params = abstract_params("qwen2.5-0.5b")
-    with caplog.at_level(logging.INFO, logger="ragen_jax.sharding"):
+    with caplog.at_level(logging.INFO, logger="ragen_jax.parallel.sharding"):
         got = specs(sharding.param_shardings(params, abstract_mesh(1, 2, 4), "train", cfg))
     assert got["layers/0/attn/q_proj/kernel"] == P("fsdp", None)
     assert got["layers/0/attn/k_proj/kernel"] == P("fsdp", None)
@@ -152,7 +152,7 @@ def test_kv_cache_rows_and_heads(caplog):
     assert got.k.spec == P(None, ("data", "fsdp"), "tensor", None, None)
     assert got.slot_valid.spec == P(("data", "fsdp"), None)
     assert got.next_pos.spec == P(("data", "fsdp")) and got.end.spec == P()
-    with caplog.at_level(logging.INFO, logger="ragen_jax.sharding"):
+    with caplog.at_level(logging.INFO, logger="ragen_jax.parallel.sharding"):
         narrow = sharding.cache_shardings(cache, abstract_mesh(2, 1, 4))  # 2 KV heads on tensor = 4
     assert narrow.k.spec == P(None, "data", None, None, None)
     assert any("KV cache" in r.getMessage() for r in caplog.records)
@@ -184,10 +184,10 @@ PLACEMENT_SCRIPT = """
 import json
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
-from ragen_jax import sharding
+from ragen_jax.parallel import sharding
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.optim import make_optimizer
+from ragen_jax.rl.optim import make_optimizer
 from ragen_jax.rl import filtering
 
 out = {"devices": jax.device_count()}
@@ -219,7 +219,7 @@ out["group_std"] = np.asarray(stats).tolist()
 out["group_std_numpy"] = rewards.reshape(8, 4).std(axis=1, ddof=1).tolist()  # torch.std (unbiased), as RAGEN
 
 # host_local_to_global with one process is a plain placement with rows over ('data', 'fsdp').
-from ragen_jax.distributed import host_local_to_global
+from ragen_jax.parallel.distributed import host_local_to_global
 glob = host_local_to_global({"x": np.arange(16).reshape(8, 2)}, mesh)
 out["host_global_spec"] = str(glob["x"].sharding.spec)
 out["host_global_sum"] = int(jnp.sum(glob["x"]))
@@ -252,12 +252,12 @@ def test_group_statistics_reduce_over_sharded_rows(placement):
 TRAINING_SCRIPT = """
 import json, re
 import jax, numpy as np
-from ragen_jax import sharding
+from ragen_jax.parallel import sharding
 from ragen_jax.models.config import PRESETS, ModelConfig
 PRESETS["sharding-test"] = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2,
     num_heads=4, num_kv_heads=2, head_dim=16, tie_embeddings=False, max_position_embeddings=4096)
 from configs.bandit import get_config
-from ragen_jax.trainer import build_run
+from ragen_jax.train.loop import build_run
 
 c = get_config("ppo")
 c.init = "random"  # no supervised warm start for this test model

@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from ragen_jax.checkpoint import Checkpointer
-from ragen_jax.metrics import read_metrics
-from ragen_jax.trainer import build_run, train
+from ragen_jax.train.checkpoint import Checkpointer
+from ragen_jax.train.metrics import read_metrics
+from ragen_jax.train.loop import build_run, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = os.path.join(ROOT, "tests", "configs", "small.py")
@@ -155,7 +155,7 @@ def test_bad_key_missing_hf_path_and_unknown_env_fail_fast_with_one_line(tmp_pat
 
 
 def test_config_checks_name_the_fix():
-    from ragen_jax.config_check import ConfigError, check_config
+    from ragen_jax.setup.config_check import ConfigError, check_config
     from ragen_jax.models.config import PRESETS
 
     config = small_config("sokoban")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from envs.frozen_lake import FrozenLake
-from ragen_jax.host_envs import parse_response
-from ragen_jax.host_rollout import reasoning_flags
+from ragen_jax.rollout.host_envs import parse_response
+from ragen_jax.rollout.host_stepped import reasoning_flags
 from ragen_jax.models.tokenizers import CharTokenizer
-from ragen_jax.rollout import reasoning_mask
-from ragen_jax.rollout_layout import compact_rows, pad_right, stop_sequences
-from ragen_jax.trajectories import finalize
+from ragen_jax.rollout.fused import reasoning_mask
+from ragen_jax.rollout.layout import compact_rows, pad_right, stop_sequences
+from ragen_jax.rollout.trajectories import finalize
 
 TOK = CharTokenizer()
 
@@ -113,7 +113,7 @@ def test_python_parse_follows_ragen(text, matched, pieces):
 def test_answer_window_mirror_matches_device_parse(window):
     """The host adapter mirrors the device parse's answer-window knob: "Up || Down || Left" (18 bytes)
     read through 12 bytes ("Up || Down |") has one closed piece (< K = 2: an invalid turn), through 13 bytes two."""
-    from ragen_jax.host_envs import TextEnvHost
+    from ragen_jax.rollout.host_envs import TextEnvHost
 
     layer = FrozenLake().text_layer(TOK, answer_window=window, bytes_per_token=None)
     text = "x</think><answer>Up || Down || Left</answer>"

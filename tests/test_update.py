@@ -16,14 +16,14 @@ import optax
 import pytest
 from flax import nnx
 
-from ragen_jax.critic import Critic
+from ragen_jax.models.critic import Critic
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.optim import make_optimizer
+from ragen_jax.rl.optim import make_optimizer
 from ragen_jax.rl.losses import ActorLossConfig, actor_loss_terms
-from ragen_jax.trajectories import finalize
-from ragen_jax.update import UpdateConfig, make_update_step, plan_minibatches
+from ragen_jax.rollout.trajectories import finalize
+from ragen_jax.rl.update import UpdateConfig, make_update_step, plan_minibatches
 from tests._tolerance import gamma
 
 G, S, L = 4, 3, 16

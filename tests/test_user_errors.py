@@ -213,9 +213,9 @@ def test_user_error_is_one_line_exit_2(case, tmp_path, capsys, monkeypatch):
 
 def test_valid_files_pass_the_checks(tmp_path):
     """The checks above reject only the damage: the intact checkpoint and run directory pass."""
-    from ragen_jax.config_check import check_config
+    from ragen_jax.setup.config_check import check_config
     from ragen_jax.models.config import PRESETS
-    from ragen_jax.run_setup import build_tokenizer
+    from ragen_jax.setup.build import build_tokenizer
 
     config = cli.load_config_file("tests/configs/small.py:frozen_lake")
     config.model.hf_path = str(_hf_checkpoint(tmp_path / "ckpt"))

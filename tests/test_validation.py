@@ -11,9 +11,9 @@ from envs.frozen_lake import FrozenLake
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.tokenizers import CharTokenizer
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.rollout_layout import RolloutConfig
-from ragen_jax.trajectories import finalize
-from ragen_jax.validation import run_validation, validation_metrics
+from ragen_jax.rollout.layout import RolloutConfig
+from ragen_jax.rollout.trajectories import finalize
+from ragen_jax.rollout.validation import run_validation, validation_metrics
 
 
 def hand_batch():

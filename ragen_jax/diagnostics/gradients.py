@@ -1,6 +1,6 @@
 """Task-vs-regulariser gradient decomposition by reward-variance bucket (RAGEN-2 fig12).
 
-The SNR mechanism (reference/ragen2.md 2.1-2.2): the task (policy-gradient) term's norm is bounded by
+The SNR mechanism (RAGEN-2, the paper's reward-variance argument): the task (policy-gradient) term's norm is bounded by
 c * sqrt(Var(R | x)), while the entropy and KL terms do not depend on reward. RAGEN measures this by
 sorting prompt groups by reward std, splitting them into equal-count buckets, and, per bucket, taking
 a separate backward pass of each loss component with no optimizer step

@@ -1,4 +1,4 @@
-"""Mutual-information proxies for template collapse (RAGEN-2 section 1.4-1.6), and their EMA state.
+"""Mutual-information proxies for template collapse (RAGEN ``ragen/trainer/collapse_metrics.py``), and their EMA state.
 
 Input: the cross-scoring matrices of M sampled reasonings (rows) under N prompts (columns),
 L[m, j] = log p(z_m | x_j) under the current policy, as a per-sequence sum (`logp_sum`) and a

@@ -1,4 +1,4 @@
-"""Which (prompt, reasoning) pairs the MI proxies score (RAGEN-2 section 1.2 and 1.7).
+"""Which (prompt, reasoning) pairs the MI proxies score (RAGEN ``collapse_metrics.py``, ``ctx_manager.py``).
 
 A trajectory batch (one row per sampled multi-turn episode, full-context mode) is given as plain arrays:
 

@@ -1,1 +1,2 @@
-"""RL math as pure functions over arrays: advantages, losses, SNR-Aware Filtering."""
+"""RL math as pure functions over arrays (group statistics, advantages, losses, SNR-Aware Filtering),
+the fused update step and its optimizers."""

@@ -2,7 +2,8 @@
 
 Semantics follow verl ``core_algos.py`` (``compute_gae_advantage_return``,
 ``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage``, ``masked_whiten``) and RAGEN
-``ragen/trainer/core_algos.py`` (``compute_bi_level_gae_advantage_return``); see reference/ragen2.md 3.2.
+``ragen/trainer/core_algos.py`` (``compute_bi_level_gae_advantage_return``), called from
+``ragen/trainer/agent_trainer.py::compute_advantage``.
 All functions are pure and jittable; every output is float32 whatever the input dtype.
 
 Token layout: f32[B, L] per-token arrays with ``mask`` bool[B, L] marking the loss (assistant) tokens.

@@ -1,6 +1,6 @@
 """SNR-Aware Filtering: score prompt groups by reward spread and keep the informative ones.
 
-RAGEN-2's filter (``ragen/trainer/rollout_filter.py``, reference/ragen2.md section 2.3) keeps the prompt
+RAGEN-2's filter (``ragen/trainer/rollout_filter.py``: ``RewardRolloutFilter._select_top_groups``) keeps the prompt
 groups whose in-group reward spread is highest, because the task gradient of a group is bounded by
 c * sqrt(Var(R | x)) while the KL / entropy gradients are not: low-variance groups only add
 input-agnostic regulariser noise. Everything here is a pure, jittable function of arrays; strategy

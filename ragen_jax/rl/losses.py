@@ -1,7 +1,7 @@
 """Policy and value losses as (sum, count) pairs: PPO clip (clip-higher + dual clip), entropy, KL.
 
 Semantics follow verl ``core_algos.py`` (``compute_policy_loss_vanilla``, ``agg_loss``,
-``kl_penalty``, ``compute_value_loss``) and RAGEN's actor (reference/ragen2.md 3.3):
+``kl_penalty``, ``compute_value_loss``) and RAGEN's actor (``ragen/workers/actor/dp_actor.py::update_policy``):
     total = L_pg - entropy_coeff * agg(H) + kl_coef * agg(KL(logp, ref_logp)).
 
 The (sum, count) convention: every loss returns ``Weighted(sum, count)`` with loss = sum / count, where
@@ -243,7 +243,7 @@ def value_loss(
 
 @dataclasses.dataclass(frozen=True)
 class ActorLossConfig:
-    """Static settings of the actor loss; defaults are RAGEN-2's base config (reference 3.5)."""
+    """Static settings of the actor loss; defaults are RAGEN-2's ``config/base.yaml``."""
 
     clip_low: float = 0.2
     clip_high: float = 0.28

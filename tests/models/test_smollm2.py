@@ -25,7 +25,7 @@ gguf = pytest.importorskip("gguf")
 from ragen_jax.models.chat import format_chat  # noqa: E402
 from ragen_jax.models.config import get_preset  # noqa: E402
 from ragen_jax.models.gguf import chat_settings, load_gguf  # noqa: E402
-from ragen_jax.sampling import Sampler, SamplingConfig, init_sampler_state  # noqa: E402
+from ragen_jax.sampling.sampler import Sampler, SamplingConfig, init_sampler_state  # noqa: E402
 
 # Every test here reads the 93 MB file (10-20 s on 2 busy cores) and runs a 30-layer model.
 pytestmark = pytest.mark.slow

@@ -28,11 +28,11 @@ transformers = pytest.importorskip("transformers")
 
 from configs.base import apply_algorithm_preset  # noqa: E402
 from configs.frozen_lake import get_config as frozen_lake_config  # noqa: E402
-from ragen_jax.checkpoint import Checkpointer  # noqa: E402
+from ragen_jax.train.checkpoint import Checkpointer  # noqa: E402
 from ragen_jax.export import export_hf, restore_policy  # noqa: E402
-from ragen_jax.metrics import read_metrics  # noqa: E402
+from ragen_jax.train.metrics import read_metrics  # noqa: E402
 from ragen_jax.models.gguf import unpermute_qk  # noqa: E402
-from ragen_jax.trainer import train  # noqa: E402
+from ragen_jax.train.loop import train  # noqa: E402
 from tests.models.test_smollm2 import smollm2_path  # noqa: E402
 
 pytestmark = pytest.mark.slow

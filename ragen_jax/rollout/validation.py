@@ -1,4 +1,4 @@
-"""Validation rollouts (RAGEN-2 3.8): a fixed set of held-out seeds, greedy or temperature 0.5.
+"""Validation rollouts (RAGEN ``ragen/trainer/agent_trainer.py::_validate``): a fixed set of held-out seeds, greedy or temperature 0.5.
 
 RAGEN validates on 512 groups x 1 sample, seeds 123, 124, ..., with sampling at temperature 0.5, every
 ``test_freq`` steps and before training. ``run_validation`` runs ``n_seeds`` seeds x ``group_size``
@@ -22,7 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ragen_jax.trajectories import Trajectories
+from ragen_jax.rollout.fused import Rollout
+from ragen_jax.rollout.trajectories import Trajectories
 
 
 def validation_metrics(traj: Trajectories, group_size: int) -> dict[str, float]:
@@ -71,8 +72,6 @@ def run_validation(
     greedy / temperature default to ``config.val_greedy`` / ``config.val_temperature``. Returns the
     metrics and the (numpy) trajectories of the n_seeds x group_size episodes.
     """
-    from ragen_jax.rollout import Rollout
-
     if n_seeds < 1 or group_size < 1:
         raise ValueError(f"n_seeds and group_size must be >= 1, got {n_seeds}, {group_size}")
     greedy = config.val_greedy if greedy is None else greedy

@@ -54,12 +54,12 @@ import optax
 from flax import nnx
 
 from ragen_jax.models.logprobs import sequence_logprobs
-from ragen_jax.optim import learning_rate
+from ragen_jax.rl.optim import learning_rate
 from ragen_jax.rl import advantages as adv_lib
 from ragen_jax.rl import filtering
 from ragen_jax.rl.losses import AGG_MODES, ActorLossConfig, Weighted, accumulate, actor_loss_terms, value_loss
 from ragen_jax.rl.losses import weighted_mean
-from ragen_jax.trajectories import Trajectories
+from ragen_jax.rollout.trajectories import Trajectories
 
 ADV_ESTIMATORS = ("gae", "grpo", "rloo")
 
@@ -76,7 +76,7 @@ class UpdateConfig:
     norm_adv_by_std: bool = True
     actor_loss: ActorLossConfig = ActorLossConfig()
     value_clip: float = 0.5
-    critic_loss_agg_mode: str = "token-mean"  # verl's critic default (reference 3.2)
+    critic_loss_agg_mode: str = "token-mean"  # verl's critic default (``critic.loss_agg_mode``)
     ppo_epochs: int = 1
     mini_batch_size: int = 32
     micro_batch_size: int = 8
@@ -566,8 +566,8 @@ def make_update_step(
         critic_graphdef = nnx.split(critic_graphdef)[0]
     if update_config.use_critic and (critic_graphdef is None or critic_tx is None):
         raise ValueError(
-            "adv_estimator='gae' trains a critic: pass its graphdef and optimizer (ragen_jax.critic.Critic, "
-            "ragen_jax.optim.make_optimizer(optim.critic_lr, ...)), or use algorithm.adv_estimator='grpo'."
+            "adv_estimator='gae' trains a critic: pass its graphdef and optimizer (ragen_jax.models.critic.Critic, "
+            "ragen_jax.rl.optim.make_optimizer(optim.critic_lr, ...)), or use algorithm.adv_estimator='grpo'."
         )
     return UpdateStep(actor_graphdef, critic_graphdef, update_config, actor_tx, critic_tx)
 

@@ -1,11 +1,11 @@
-"""The training loop: rollout -> MI diagnostics -> filtered PPO/GRPO update -> record (RAGEN-2 2.5).
+"""The training loop: rollout -> MI diagnostics -> filtered PPO/GRPO update -> record (RAGEN ``agent_trainer.py::fit``).
 
 Per step s (1-based), everything random is a function of (config.seed, s), so a resumed run repeats
 the uninterrupted one exactly:
   1. rollout of n_groups x group_size episodes on env seeds train_seed + (s-1) * n_groups + g;
   2. MI diagnostics at step 1 and every ``mi.every`` steps, on the pre-filter batch, for the
      first-turn and trajectory strategies (``ragen_jax.diagnostics``);
-  3. the fused update (``ragen_jax.update``): filter groups, copy-pad, score, advantages, critic and
+  3. the fused update (``ragen_jax.rl.update``): filter groups, copy-pad, score, advantages, critic and
      actor mini-batch updates;
   4. metrics (JSONL + TensorBoard + progress line), sample conversations, validation every
      ``validation.every`` steps (and before training), early-stopping rules (``early_stop``),
@@ -44,21 +44,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ragen_jax import distributed, sharding
-from ragen_jax.checkpoint import Checkpointer, PreemptionGuard
-from ragen_jax.config_check import ConfigError
 from ragen_jax.diagnostics import mi_sampling
-from ragen_jax.diagnostics.cross_scoring import score_pairs
+from ragen_jax.diagnostics.cross_scoring import TRACE_COUNTS, score_pairs
 from ragen_jax.diagnostics.mi import init_marginal_std_ema, should_compute_mi
-from ragen_jax.early_stop import EarlyStop
-from ragen_jax.metrics import MetricsWriter, Progress, truncate_run_logs, write_atomic
-from ragen_jax.optim import make_optimizer
+from ragen_jax.parallel import distributed, sharding
 from ragen_jax.rl.filtering import check_finite_rewards
-from ragen_jax.rollout import Rollout
-from ragen_jax.rollout_layout import RolloutConfig
-from ragen_jax.run_setup import build_env, build_policy, build_tokenizer
-from ragen_jax.update import UpdateConfig, make_update_step
-from ragen_jax.validation import concat, validation_metrics
+from ragen_jax.rl.optim import make_optimizer
+from ragen_jax.rl.update import UpdateConfig, make_update_step
+from ragen_jax.rollout.fused import Rollout
+from ragen_jax.rollout.layout import RolloutConfig, rollout_config
+from ragen_jax.rollout.validation import concat, validation_metrics
+from ragen_jax.setup.build import build_env, build_policy, build_tokenizer
+from ragen_jax.setup.config_check import ConfigError
+from ragen_jax.sft.warm_start import load_warm_start
+from ragen_jax.train.checkpoint import Checkpointer, PreemptionGuard
+from ragen_jax.train.early_stop import EarlyStop
+from ragen_jax.train.metrics import MetricsWriter, Progress, truncate_run_logs, write_atomic
 
 MI_STRATEGIES = {"first_turn": "collapse_first_turn_sample", "trajectory": "collapse_trajectory_sample"}
 PROGRESS_KEYS = ("train/success", "val/success", "rollout/in_group_reward_std", "filter/kept_ratio",
@@ -71,7 +72,7 @@ PROGRESS_KEYS = ("train/success", "val/success", "rollout/in_group_reward_std", 
 RESUME_FREE_KEYS = (
     "mode", "run_dir",
     "trainer.total_steps",  # extend (or shorten) a run
-    "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.log_every", "trainer.sample_every",
+    "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.sample_every",
     "trainer.progress", "trainer.allow_config_change",
     # stopping rules: the resumed run applies the new thresholds to the restored counters
     "trainer.max_nonfinite_in_a_row", "trainer.rv_collapse_baseline_steps", "trainer.rv_collapse_window",
@@ -208,18 +209,6 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def rollout_config(config) -> RolloutConfig:
-    r, v, e = config.rollout, config.validation, config.env
-    return RolloutConfig(
-        n_groups=r.n_groups, group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-        max_actions_per_turn=e.max_actions_per_turn, prompt_style=e.prompt_style,
-        chat_template=config.model.chat_style, context_mode=r.context_mode,
-        context_window=r.context_window if r.context_mode == "limited" else 0, mode=r.mode,
-        temperature=r.temperature, val_temperature=v.temperature, val_greedy=v.greedy,
-        train_seed=r.train_seed, val_seed=v.seed, format_penalty=r.format_penalty,
-    )
-
-
 @dataclasses.dataclass
 class Run:
     """Everything built once per run from the config."""
@@ -261,7 +250,7 @@ class TrainState:
 def build_run(config) -> tuple[Run, TrainState]:
     tokenizer = build_tokenizer(config)
     env, env_params = build_env(config)
-    actor, critic = build_policy(config, tokenizer)
+    actor, critic = build_policy(config, tokenizer, warm_start=load_warm_start)
     actor_graphdef, actor_params = nnx.split(actor)
     update_cfg = UpdateConfig.from_config(config)
     o = config.optim
@@ -512,7 +501,7 @@ def train(config, run_dir: str) -> dict:
         writer.close()
         ckpt.close()
     if is_main and os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-        from ragen_jax.plots import make_plots
+        from ragen_jax.train.plots import make_plots
 
         make_plots(run_dir)
     return {
@@ -526,8 +515,6 @@ def train(config, run_dir: str) -> dict:
 
 def trace_counts(run: Run) -> dict[str, int]:
     """How often each jitted program of the run was traced (each should be 1)."""
-    from ragen_jax.diagnostics.cross_scoring import TRACE_COUNTS
-
     counts = {"rollout": run.rollout.trace_count, "validation_rollout": run.val_rollout.trace_count,
               "update": run.update_step.traces}
     counts.update({f"mi/{k}": v for k, v in TRACE_COUNTS.items()})

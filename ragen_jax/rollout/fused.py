@@ -17,7 +17,7 @@ length is static per turn):
 The cache holds [prompt 1][response 1][prompt 2]... with static block widths (``rollout_layout``);
 the returned ``Trajectories`` are that sequence with the holes removed (per-row stable compaction).
 
-Deliberate differences from RAGEN (reference/ragen2.md 3.6):
+Deliberate differences from RAGEN (``ragen/llm_agent/agent_proxy.py::LLMAgentProxy.rollout``, ``ctx_manager.py``):
 - Tokens in, tokens out: the training sequence keeps the generated tokens (up to and including the
   stop "</answer>" or EOS), not RAGEN's rewritten "<think>..</think><answer>..</answer>" message, so the
   stored log-probs are exactly the policy's. Generation stops at "</answer>" (RAGEN runs to EOS and
@@ -43,7 +43,9 @@ from envs.base import TextEnv, TextLayer
 from envs.text import match_at
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.tokenizers import Tokenizer
-from ragen_jax.rollout_layout import (
+from ragen_jax.rollout.host_envs import TextEnvHost
+from ragen_jax.rollout.host_stepped import run_host_rollout
+from ragen_jax.rollout.layout import (
     THINK_CLOSE,
     PromptPieces,
     RolloutConfig,
@@ -51,20 +53,12 @@ from ragen_jax.rollout_layout import (
     compact_rows,
     env_keys,
     get_chat_template,
+    make_sampler,
     sample_key,
     step_key,
-    stop_sequences,
 )
-from ragen_jax.sampling import Sampler, SamplingConfig, init_sampler_state
-from ragen_jax.trajectories import Trajectories, finalize
-
-
-def make_sampler(graphdef: nnx.GraphDef, tokenizer: Tokenizer, config: RolloutConfig, greedy: bool) -> Sampler:
-    """The sampler a rollout uses: N = max_new_tokens, stop at EOS or "</answer>", full-vocab log-probs."""
-    return Sampler(graphdef, SamplingConfig(
-        max_new_tokens=config.max_new_tokens, greedy=greedy, eos_ids=tuple(tokenizer.eos_ids),
-        stop_sequences=stop_sequences(tokenizer), pad_id=tokenizer.pad_id, kv_block=config.kv_block,
-    ))
+from ragen_jax.rollout.trajectories import Trajectories, finalize
+from ragen_jax.sampling.sampler import init_sampler_state
 
 
 def device_layout(layer: TextLayer, pieces: PromptPieces, config: RolloutConfig) -> SequenceLayout:
@@ -191,9 +185,6 @@ class Rollout:
         if self.config.context_mode == "limited" and mode == "fused":
             raise ValueError("context_mode='limited' runs in the host path only: set RolloutConfig(mode='host')")
         if mode == "host":
-            from ragen_jax.host_rollout import run_host_rollout
-            from ragen_jax.host_envs import TextEnvHost
-
             envs = [TextEnvHost(self.layer, env_params, self.config.max_new_tokens) for _ in range(self.config.batch)]
             return run_host_rollout(
                 self.samplers[greedy], params, self.model_cfg, envs, seeds, key, temperature, self.layout,
@@ -211,9 +202,6 @@ class Rollout:
         if greedy not in self._executables:
             self._executables[greedy] = self._fused[greedy].lower(*args, greedy).compile()
         return self._executables[greedy]
-
-    def to_text(self, traj: Trajectories, i: int) -> str:
-        return traj.to_text(i, self.tokenizer)
 
     # --------------------------------------------------------------------------------- fused program
     def _fused_rollout(self, params, env_params, key, seeds, temperature, greedy: bool) -> Trajectories:

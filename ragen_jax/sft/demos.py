@@ -14,7 +14,7 @@ turns the solver's first plan needs): its first action is a random valid action 
 solver's (preferring ones that keep the episode solvable), the rest of that turn and every later turn
 come from the solver again; the reasoning still describes the state and the chosen actions truthfully.
 
-Token layout (``ragen_jax.rollout_layout``, full-history context), built from the same pieces:
+Token layout (``ragen_jax.rollout.layout``, full-history context), built from the same pieces:
 
     tokens = encode(chat.first_prompt(system, turn_text(state_1, 1)))  + encode(response_1)
            + encode(chat.later_prompt(reward_text(r_1) + turn_text(state_2, 2), False)) + encode(response_2)
@@ -47,7 +47,7 @@ from envs.sokoban_solver import push_step
 from envs.sokoban_solver import solve as solve_sokoban
 from envs.solvers import FROZEN_LAKE_MOVES, frozen_lake_bfs
 from ragen_jax.models.tokenizers import Tokenizer
-from ragen_jax.rollout_layout import RolloutConfig, env_keys, get_chat_template, step_key
+from ragen_jax.rollout.layout import RolloutConfig, env_keys, get_chat_template, step_key
 
 # Demonstration seeds live far from RAGEN's validation (123+) and training (10000+) seed ranges.
 DEMO_SEED_BASE = 5_000_000
@@ -277,7 +277,7 @@ def policy_for(env: TextEnv) -> DemoPolicy:
             return policy()
     raise ValueError(
         f"no demonstration policy for {type(env).__name__}; pass DemoWriter(..., policy=...) with plan_length "
-        "and turn methods (see ragen_jax.demos.DemoPolicy)"
+        "and turn methods (see ragen_jax.sft.demos.DemoPolicy)"
     )
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 from flax import nnx
 
+from envs.registry import make
 from ragen_jax.models.config import get_preset
+from ragen_jax.models.critic import Critic
 from ragen_jax.models.tokenizers import CharTokenizer, Tokenizer
 from ragen_jax.models.transformer import Transformer
 
@@ -35,8 +37,6 @@ def _gguf(path: str, compute_dtype: str):
 
 
 def build_env(config) -> tuple[Any, Any]:
-    from envs.registry import make
-
     return make(config.env.name, **dict(config.env.params))
 
 
@@ -58,8 +58,14 @@ def build_preset_model(config, tokenizer: Tokenizer, seed: int) -> Transformer:
     return Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
-def build_policy(config, tokenizer: Tokenizer) -> tuple[Transformer, Any]:
-    """(actor, critic or None). The critic (PPO/GAE only) starts as a copy of the actor's backbone."""
+def build_policy(config, tokenizer: Tokenizer, warm_start: Callable[[Any, nnx.Module], Any] | None = None,
+                 ) -> tuple[Transformer, Any]:
+    """(actor, critic or None). The critic (PPO/GAE only) starts as a copy of the actor's backbone.
+
+    warm_start(config, actor) -> the actor's parameters (nnx.State) when ``config.init == "sft"``: the
+    caller passes ``ragen_jax.sft.warm_start.load_warm_start`` (``train.loop.build_run`` does), so that
+    setup does not depend on the supervised pipeline (docs/architecture.md).
+    """
     if config.model.hf_path:
         from ragen_jax.models.hf_io import load_hf_checkpoint
 
@@ -69,13 +75,12 @@ def build_policy(config, tokenizer: Tokenizer) -> tuple[Transformer, Any]:
     else:
         actor = build_preset_model(config, tokenizer, config.seed)
     if config.init == "sft":
-        from ragen_jax.sft import load_warm_start
-
+        if warm_start is None:
+            raise ValueError("config.init='sft' needs the warm start: pass "
+                             "build_policy(..., warm_start=ragen_jax.sft.warm_start.load_warm_start)")
         # Before the critic copies the actor's backbone, so the critic starts from the warm start too.
-        nnx.update(actor, load_warm_start(config, actor))
+        nnx.update(actor, warm_start(config, actor))
     critic = None
     if config.algorithm.adv_estimator == "gae":
-        from ragen_jax.critic import Critic
-
         critic = Critic.from_actor(actor, nnx.Rngs(config.seed + 1))
     return actor, critic

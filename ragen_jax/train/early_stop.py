@@ -1,4 +1,4 @@
-"""RAGEN-2's early-stopping rules (reference 2.5), as a small JSON-serialisable state.
+"""RAGEN-2's early-stopping rules (``ragen/trainer/agent_trainer.py::fit``), as a small JSON-serialisable state.
 
 - Reward-variance collapse: V_base = mean in-group reward std over the first ``baseline_steps``
   successful steps; afterwards, stop when the last ``window`` consecutive successful steps all have

@@ -1,9 +1,9 @@
 """Optimizers of the actor and the critic: global-norm clipping then AdamW, constant learning rate.
 
 RAGEN-2 / verl: AdamW (betas 0.9 / 0.999, eps 1e-8, weight decay 0.01), gradient clipping at global
-norm 1.0, constant schedule without warmup; actor lr 1e-6, critic lr 1e-5 (reference/ragen2.md 3.5).
+norm 1.0, constant schedule without warmup; actor lr 1e-6, critic lr 1e-5 (RAGEN's ``config/base.yaml``).
 
-Float hygiene (reference/jax-anchors.md 1.15): every hyperparameter is a float32 entry of the
+Float hygiene: every hyperparameter is a float32 entry of the
 optimizer state (``optax.inject_hyperparams(..., hyperparam_dtype=float32)``), so the learning rate is
 logged and checkpointed with the state and a bfloat16 model never rounds it; the AdamW moments are
 float32 whatever the parameter dtype (gradients and parameters are cast to float32 before the

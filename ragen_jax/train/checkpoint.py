@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from ragen_jax.distributed import nonfinite_leaves
+from ragen_jax.parallel.distributed import nonfinite_leaves
 
 
 class NonFiniteCheckpointError(ValueError):

@@ -26,20 +26,22 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ragen_jax.host_envs import HostEnv, HostStep
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.tokenizers import Tokenizer
-from ragen_jax.rollout_layout import (
+from ragen_jax.rollout.host_envs import HostEnv, HostStep
+from ragen_jax.rollout.layout import (
     THINK_CLOSE,
     ChatTemplate,
     PromptPieces,
     RolloutConfig,
     SequenceLayout,
+    get_chat_template,
+    make_sampler,
     pad_right,
     sample_key,
 )
-from ragen_jax.sampling import Sampler, init_sampler_state
-from ragen_jax.trajectories import Trajectories, finalize
+from ragen_jax.rollout.trajectories import Trajectories, finalize
+from ragen_jax.sampling.sampler import Sampler, init_sampler_state
 
 
 def host_layout(tokenizer: Tokenizer, chat: ChatTemplate, env: HostEnv, config: RolloutConfig) -> SequenceLayout:
@@ -287,9 +289,6 @@ class HostRollout:
     """
 
     def __init__(self, model: nnx.Module, tokenizer: Tokenizer, make_env: Any, config: RolloutConfig) -> None:
-        from ragen_jax.rollout import make_sampler
-        from ragen_jax.rollout_layout import get_chat_template
-
         self.model_cfg = model.cfg
         self.graphdef, _ = nnx.split(model)
         self.tokenizer, self.make_env, self.config = tokenizer, make_env, config

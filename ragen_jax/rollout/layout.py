@@ -42,8 +42,11 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from ragen_jax.models.kv_cache import cache_bytes
 from ragen_jax.models.tokenizers import Tokenizer
+from ragen_jax.sampling.sampler import Sampler, SamplingConfig
 
 CONTEXT_MODES = ("full", "limited")
 ROLLOUT_MODES = ("fused", "host")
@@ -116,7 +119,7 @@ class RolloutConfig:
     training default; val_temperature (RAGEN 0.5) and val_greedy for validation; train_seed /
     val_seed: seed bases (RAGEN 10000 / 123); format_penalty (RAGEN -0.1 per invalid turn);
     max_user_tokens: the static width of one user message for host envs (0: derived from the
-    on-device text layer); kv_block: the sampler's attention block (see ``sampling.py``);
+    on-device text layer); kv_block: the sampler's attention block (see ``sampling/sampler.py``);
     parse_bytes_per_token / parse_answer_window: the on-device parse's cost knobs (``envs/base.py``
     TextLayer; None = exact RAGEN parsing of any response, the default here; e.g. 4 / 64 bound the
     parse's work for long responses and BPE vocabularies, and the host adapter mirrors them).
@@ -167,6 +170,18 @@ class RolloutConfig:
         return np.arange(base, base + self.n_groups, dtype=np.int32)
 
 
+def rollout_config(config) -> RolloutConfig:
+    r, v, e = config.rollout, config.validation, config.env
+    return RolloutConfig(
+        n_groups=r.n_groups, group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+        max_actions_per_turn=e.max_actions_per_turn, prompt_style=e.prompt_style,
+        chat_template=config.model.chat_style, context_mode=r.context_mode,
+        context_window=r.context_window if r.context_mode == "limited" else 0, mode=r.mode,
+        temperature=r.temperature, val_temperature=v.temperature, val_greedy=v.greedy,
+        train_seed=r.train_seed, val_seed=v.seed, format_penalty=r.format_penalty,
+    )
+
+
 # ------------------------------------------------------------------------------------------------
 # Keys
 # ------------------------------------------------------------------------------------------------
@@ -211,6 +226,14 @@ def stop_sequences(tokenizer: Tokenizer, text: str = ANSWER_CLOSE) -> tuple[tupl
     if all(b in by_byte for b in raw):
         forms.append(tuple(by_byte[b] for b in raw))
     return tuple(dict.fromkeys(forms))
+
+
+def make_sampler(graphdef: nnx.GraphDef, tokenizer: Tokenizer, config: RolloutConfig, greedy: bool) -> Sampler:
+    """The sampler a rollout uses: N = max_new_tokens, stop at EOS or "</answer>", full-vocab log-probs."""
+    return Sampler(graphdef, SamplingConfig(
+        max_new_tokens=config.max_new_tokens, greedy=greedy, eos_ids=tuple(tokenizer.eos_ids),
+        stop_sequences=stop_sequences(tokenizer), pad_id=tokenizer.pad_id, kv_block=config.kv_block,
+    ))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,8 +287,6 @@ class SequenceLayout:
         return out
 
     def cache_bytes(self, cfg: Any, batch: int) -> int:
-        from ragen_jax.models.kv_cache import cache_bytes
-
         return cache_bytes(cfg, batch, self.cache_len)
 
 

@@ -28,9 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.bandit import ARM_NAMES, Bandit
 from envs.base import TextLayer
+from envs.countdown import Countdown, CountdownAction, CountdownParsed
 from envs.text import Parsed
-from ragen_jax.rollout_layout import env_keys, step_key
+from ragen_jax.rollout.layout import env_keys, step_key
 
 # RAGEN ctx_manager._parse_response: the response is prefixed with the prompt's "<think>".
 ANSWER_PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
@@ -168,8 +170,6 @@ class TextEnvHost:
 
     def _name_table(self) -> dict[str, int]:
         """lower-cased action name -> action id; Bandit's names are the episode's two arms."""
-        from envs.bandit import ARM_NAMES, Bandit
-
         if isinstance(self.env, Bandit):
             arms = np.asarray(self.state.arms)
             return {ARM_NAMES[int(arms[0])].lower(): 1, ARM_NAMES[int(arms[1])].lower(): 2}
@@ -177,8 +177,6 @@ class TextEnvHost:
 
     def _free_text(self, parsed_text: ParsedText) -> tuple[Any, int]:
         """Language envs (Countdown): the first piece is the action, every piece counts as valid."""
-        from envs.countdown import Countdown, CountdownAction, CountdownParsed
-
         if not isinstance(self.env, Countdown):  # the one free-text env ragen_jax ships
             raise TypeError(
                 f"{type(self.env).__name__} has no action_lookup and is not Countdown: give TextEnvHost a "

@@ -1,4 +1,4 @@
-"""PNG curves of a run's diagnostics: ``python -m ragen_jax.plots RUN_DIR``.
+"""PNG curves of a run's diagnostics: ``python -m ragen_jax.train.plots RUN_DIR``.
 
 Reads ``RUN_DIR/metrics.jsonl`` and writes ``RUN_DIR/plots/<panel>.png`` for each panel that has data,
 plus ``RUN_DIR/plots/overview.png`` with all of them. The panels are the curves RAGEN-2 reads to spot
@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ragen_jax.metrics import read_metrics  # noqa: E402
+from ragen_jax.train.metrics import read_metrics  # noqa: E402
 
 # (file name, title, regexes of the metric keys drawn in the panel)
 PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -93,7 +93,7 @@ def make_plots(run_dir: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m ragen_jax.plots RUN_DIR", file=sys.stderr)
+        print("usage: python -m ragen_jax.train.plots RUN_DIR", file=sys.stderr)
         return 2
     try:
         paths = make_plots(argv[1])

@@ -1,6 +1,6 @@
 """Multi-host start-up and per-host data: the same program runs on every host (JAX multi-controller).
 
-    from ragen_jax import distributed
+    from ragen_jax.parallel import distributed
     distributed.maybe_initialize(config)          # first thing, before any other JAX call
     mesh = sharding.make_mesh(config)             # over the devices of all processes
     ...
@@ -29,6 +29,8 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ragen_jax.parallel.sharding import batch_spec
 
 MODES = ("auto", "on", "off")
 ENV_ADDRESS, ENV_COUNT, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
@@ -133,8 +135,6 @@ def host_local_to_global(batch: Any, mesh: Mesh, spec: PartitionSpec | None = No
     ``spec`` (default: rows over ('data', 'fsdp')). Uses ``jax.make_array_from_process_local_data``;
     with one process it is a plain placement. Scalars must be equal on every process (replicated).
     """
-    from ragen_jax.sharding import batch_spec
-
     rows = NamedSharding(mesh, spec if spec is not None else PartitionSpec(batch_spec(mesh)))
     rep = NamedSharding(mesh, PartitionSpec())
 
@@ -172,7 +172,7 @@ def nonfinite_leaves(tree: Any) -> list[str]:
     """Paths of the floating-point leaves holding a NaN or infinity, for arrays of any sharding.
 
     A jitted all-reduce per leaf with a replicated scalar result, so it works on arrays spread over
-    several processes (``np.asarray`` cannot fetch those). Same contract as checkpoint.py's check.
+    several processes (``np.asarray`` cannot fetch those). Same contract as train/checkpoint.py's check.
     """
     import jax.numpy as jnp
 

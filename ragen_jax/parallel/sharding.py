@@ -40,6 +40,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from ragen_jax.models.kv_cache import KVCache
+from ragen_jax.rl.update import UpdateResult
+
 log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -54,7 +57,7 @@ SAMPLE_RULES: dict[str, Any] = {**TRAIN_RULES, "embed": None}
 LAYOUTS = {"train": TRAIN_RULES, "sample": SAMPLE_RULES}
 
 # Parameter path (``a/b/0/c``, matched at its end) -> logical axes of the array's dimensions.
-# Qwen2 / Llama (ragen_jax.models.transformer) and the critic (ragen_jax.critic).
+# Qwen2 / Llama (ragen_jax.models.transformer) and the critic (ragen_jax.models.critic).
 PARAM_PATTERNS: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"(^|/)embed/embedding$", ("vocab", "embed")),          # [V, d]
     (r"attn/q_proj/kernel$", ("embed", "heads")),            # [d, H * hd]
@@ -279,8 +282,6 @@ def cache_shardings(cache: Any, mesh: Mesh, layout: str = "sample") -> Any:
 
     k, v: [layers, B, Hkv, S, hd]; slot_valid: bool[B, S]; next_pos: int32[B]; end: int32[].
     """
-    from ragen_jax.models.kv_cache import KVCache
-
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache_shardings takes a KVCache; got {type(cache).__name__}")
     check_rows(cache.k.shape[1], mesh, "the KV cache")
@@ -365,8 +366,6 @@ class ShardedUpdateStep:
     """
 
     def __init__(self, update_step: Any, mesh: Mesh, shardings: StateShardings):
-        from ragen_jax.update import UpdateResult
-
         self.inner, self.mesh, self.shardings = update_step, mesh, shardings
         rep = replicated(mesh)
         s = shardings

@@ -2,7 +2,7 @@
 
 RL from random weights cannot discover a text format, so the embedded default (the ``tiny`` preset
 with the character tokenizer) starts RL from a policy trained by supervised learning on
-demonstrations (``ragen_jax.demos``): solver actions with reasoning that states the facts they depend
+demonstrations (``ragen_jax.sft.demos``): solver actions with reasoning that states the facts they depend
 on, plus a share ``sft.noisy_fraction`` of episodes with one random suboptimal turn, so the warm start
 is good but not perfect and RL has room to improve.
 
@@ -47,12 +47,15 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ragen_jax.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
-from ragen_jax.distributed import nonfinite_leaves
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.optim import in_float32
-from ragen_jax.run_setup import build_env, build_preset_model, build_tokenizer, model_overrides
+from ragen_jax.parallel.distributed import nonfinite_leaves
+from ragen_jax.rl.optim import in_float32
+from ragen_jax.rollout.layout import rollout_config
+from ragen_jax.rollout.validation import run_validation
+from ragen_jax.setup.build import build_env, build_preset_model, build_tokenizer, model_overrides
+from ragen_jax.sft.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
+from ragen_jax.train.checkpoint import Checkpointer
 
 FORMAT_VERSION = 1  # bump when demos or training change in a way the settings do not capture
 BUCKET = 256  # sequence lengths are padded up to a multiple of this many tokens (one compile per length)
@@ -110,8 +113,6 @@ class Parts:
 
 def build_parts(config: Any) -> Parts:
     """Tokenizer, env, rollout settings and a freshly initialised model (seed ``config.sft.seed``)."""
-    from ragen_jax.trainer import rollout_config
-
     if config.model.hf_path or config.model.get("gguf_path", ""):
         raise ValueError(
             "the supervised warm start trains a preset model from scratch (the embedded default); with "
@@ -291,10 +292,8 @@ def validate_params(parts: Parts, params: nnx.State, episodes: int, temperature:
                     seeds_per_batch: int = 64) -> dict[str, dict[str, float]]:
     """Validation rollouts on the held-out seeds ``rollout.val_seed + i``: greedy and at ``temperature``.
 
-    Returns {"greedy": metrics, "temperature": metrics} (``ragen_jax.validation.validation_metrics``).
+    Returns {"greedy": metrics, "temperature": metrics} (``ragen_jax.rollout.validation.validation_metrics``).
     """
-    from ragen_jax.validation import run_validation
-
     model = nnx.merge(nnx.split(parts.model)[0], params)
     out = {}
     for name, greedy in (("greedy", True), ("temperature", False)):
@@ -440,8 +439,6 @@ def _build(config: Any, log: Callable[[str], None] | None, final: str) -> None:
 
 def _write_atomically(final: str, params: nnx.State, metrics: dict) -> None:
     """Write into a temporary sibling, mark it COMPLETE, rename it into place (atomic on one filesystem)."""
-    from ragen_jax.checkpoint import Checkpointer
-
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
     # os.mkdir with 0o777 applies the umask (tempfile.mkdtemp would force 0700 onto the cache).
@@ -479,8 +476,6 @@ def restore_params(path: str, model: nnx.Module, key: str | None = None) -> nnx.
     Raises when the directory is not complete, its checkpoint does not restore, its meta does not
     match ``key`` (when given) or ``FORMAT_VERSION``, or a parameter is NaN / infinite.
     """
-    from ragen_jax.checkpoint import Checkpointer
-
     if not is_complete(path):
         raise FileNotFoundError(f"{path} is not a complete warm start; build it with build_warm_start(config)")
     _, template = nnx.split(model)

@@ -1,0 +1,1 @@
+"""Prefill and decode over the KV cache (one jitted program per call shape); per-token log-probs."""

@@ -1,0 +1,1 @@
+"""Config checks, and building a run's tokenizer, environment and policy from its config."""
