@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs.base import TextEnv, TextEnvParams, TextEnvState
+from envs.base import TextEnv, TextEnvParams, TextEnvState, checked_action, select
+from envs.demos import TurnChoice
 from envs.text import ActionVocab, Dynamic, Parsed, Static, TokenFragments, format_fixed, make_parsed
 from envs.text import answer_cut, answer_pieces, byte_classes, clean_answer, compact, parse_answer
 
@@ -108,8 +109,8 @@ class Bandit(TextEnv):
     def step_env(
         self, key: jax.Array, state: BanditState, action: jax.Array, params: BanditParams
     ) -> tuple[jax.Array, BanditState, jax.Array, jax.Array, dict]:
-        action = jnp.asarray(action, jnp.int32)
-        valid = ((action == 1) | (action == 2)) & ~state.terminated
+        """One pull (it ends the episode). action: 1 or 2 (anything else is invalid: nothing happens)."""
+        action, valid = checked_action(action, state, 2)
         is_high = action == state.high_action
         jackpot = jax.random.uniform(key) < params.high_prob
         reward = jnp.where(is_high, jnp.where(jackpot, params.high_reward, params.high_low_reward), params.low_reward)
@@ -118,9 +119,17 @@ class Bandit(TextEnv):
             time=state.time + 1, terminated=jnp.ones((), bool), success=is_high, arms=state.arms,
             high_action=state.high_action, pulled=action, reward=reward,
         )
-        new_state = jax.tree.map(lambda a, b: jnp.where(valid, a, b), pulled, state)
+        new_state = select(valid, pulled, state)
         info = {"action_is_effective": valid, "action_is_valid": valid}
         return self.get_obs(new_state), new_state, reward, new_state.terminated, info
+
+    def action_ids_by_name(self, state: BanditState) -> dict[str, int]:
+        """Host: the episode's two arm names (lower-cased) -> action ids 1 and 2."""
+        arms = np.asarray(state.arms)
+        return {ARM_NAMES[int(arms[0])].lower(): 1, ARM_NAMES[int(arms[1])].lower(): 2}
+
+    def demo_policy(self) -> "BanditPolicy":
+        return BanditPolicy()
 
     def parse_bytes(
         self, buf: jax.Array, n: jax.Array, state: BanditState | None, params: Any, max_actions: int,
@@ -179,3 +188,18 @@ class Bandit(TextEnv):
 
 def _masked(item: Dynamic, on: jax.Array) -> tuple[jax.Array, jax.Array]:
     return item.idx, item.enabled & on
+
+
+class BanditPolicy:
+    """Demonstrations (``envs.demos``): pull the high-risk arm (success). Reasoning names both arms:
+    "Trader is high-risk, Teacher is safe; pick Trader." A noisy episode picks the safe arm with the
+    same facts."""
+
+    def plan_length(self, state: Any, params: Any) -> int:
+        return 1
+
+    def turn(self, state: Any, params: Any, k: int, noisy: bool, rng: np.random.Generator) -> TurnChoice:
+        arms, high_action = np.asarray(state.arms), int(state.high_action)
+        high, low = ARM_NAMES[int(arms[high_action - 1])], ARM_NAMES[int(arms[2 - high_action])]
+        pick = low if noisy else high
+        return TurnChoice(f"{high} is high-risk, {low} is safe; pick {pick}.", (pick,))

@@ -41,6 +41,15 @@ max_response_tokens=None) -> TextLayer`` builds the token tables once on the hos
     info = {"success", "n_executed", "format_ok", "actions_left"}.
 All device methods are jit/vmap-able. Free-text envs (Countdown) override ``TextEnv.parse_bytes``
 (returning any struct with ``n_valid``, ``n_parsed``, ``format_ok``) and ``TextEnv.step_turn``.
+
+Host side (the env's own knowledge that the library calls without knowing the env)
+------------------------------------------------------------------------------------
+  - ``parse_pieces(pieces, matched, complete, state, params, max_actions) -> (parsed, n_valid)``: host
+    mode's counterpart of ``parse_bytes``, from the answer pieces of RAGEN's ``re`` parse. The default
+    maps names through ``action_ids_by_name(state)`` (lower-cased name -> id; Bandit's depend on the
+    state); free-text envs (Countdown) override ``parse_pieces``.
+  - ``demo_policy() -> envs.demos.DemoPolicy``: the solver and the reasoning text of the supervised
+    warm start's demonstrations; envs without one raise.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from flax import struct
 from gymnax.environments import environment
 
 from envs import prompts
+from envs.demos import DemoPolicy
 from envs.text import (
     ActionVocab,
     Dynamic,
@@ -80,8 +90,16 @@ class TextEnvState:
     success: jax.Array
 
 
-def _select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+def select(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+    """Leafwise ``where(pred, on_true, on_false)`` over two states of the same structure (pred: bool[])."""
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def checked_action(action: jax.Array, state: TextEnvState, num_actions: int) -> tuple[jax.Array, jax.Array]:
+    """(action int32[], valid bool[]): RAGEN's ids 1..num_actions on a live state are valid; anything
+    else must leave the state unchanged (``select(valid, moved, state)``) and pay 0."""
+    action = jnp.asarray(action, jnp.int32)
+    return action, (action >= 1) & (action <= num_actions) & ~state.terminated
 
 
 class TextEnv(environment.Environment):
@@ -151,7 +169,7 @@ class TextEnv(environment.Environment):
             step_key, action, slot = inputs
             live = (slot < parsed.n_valid) & ~cur.terminated & (cur.time < params.max_actions)
             _, nxt, reward, _, _ = self.step_env(step_key, cur, action, params)
-            cur = _select(live, nxt, cur)
+            cur = select(live, nxt, cur)
             total = total + jnp.where(live, reward, 0.0).astype(jnp.float32)
             return (cur, total, executed + live.astype(jnp.int32)), None
 
@@ -167,6 +185,47 @@ class TextEnv(environment.Environment):
             "actions_left": (params.max_actions - state.time).astype(jnp.int32),
         }
         return state, total, done, info
+
+    # ----- host side: the parse of host mode, the demonstrations ----------------------------------
+    def action_ids_by_name(self, state: Any) -> dict[str, int]:
+        """Lower-cased action name -> action id: the names a response may use in ``state`` (host)."""
+        del state
+        return {name.lower(): action_id for action_id, name in self.action_lookup.items()}
+
+    def parse_pieces(
+        self, pieces: Sequence[str], matched: bool, complete: bool, state: Any, params: Any, max_actions: int
+    ) -> tuple[Any, int]:
+        """Host mode's parsed turn (what ``step_turn`` takes) and n_valid, from RAGEN's text parse.
+
+        pieces: the answer's stripped non-empty "||"-pieces (<= max_actions); matched: the format regex
+        matched; complete: False when the answer window cut the answer before K pieces were known (an
+        invalid turn). Pieces map through ``action_ids_by_name`` with ``str.lower()``; unknown ones are
+        dropped, and the turn is well-formed only if every piece is a valid action.
+        """
+        del params
+        if not self.action_lookup:
+            raise TypeError(
+                f"{type(self).__name__} has no action_lookup: override parse_pieces with its free-text parse "
+                "(see Countdown), or implement the HostEnv protocol directly"
+            )
+        names = self.action_ids_by_name(state)
+        ids = [names[piece.lower()] for piece in pieces if piece.lower() in names]
+        n_valid, n_parsed = len(ids), len(pieces) if complete else 1
+        actions = np.zeros((max_actions,), np.int32)
+        actions[:n_valid] = ids
+        format_ok = matched and n_valid > 0 and n_valid == n_parsed
+        parsed = Parsed(
+            actions=jnp.asarray(actions), n_valid=jnp.int32(n_valid), n_parsed=jnp.int32(n_parsed),
+            matched=jnp.asarray(matched), format_ok=jnp.asarray(format_ok),
+        )
+        return parsed, n_valid
+
+    def demo_policy(self) -> DemoPolicy:
+        """The solver that writes this env's supervised demonstrations (``envs/demos.py``)."""
+        raise ValueError(
+            f"no demonstration policy for {type(self).__name__}; define {type(self).__name__}.demo_policy, or "
+            "pass DemoWriter(..., policy=...) with plan_length and turn methods (see envs.demos.DemoPolicy)"
+        )
 
     def text_layer(
         self,

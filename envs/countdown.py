@@ -31,14 +31,16 @@ Likewise nesting deeper than ``max_paren_depth`` (16) parentheses counts as malf
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from envs.base import TextEnv, TextEnvParams, TextEnvState
+from envs.base import TextEnv, TextEnvParams, TextEnvState, select
 from envs.countdown_eval import rational_add, rational_div, rational_mul, score_action
+from envs.countdown_solver import CountdownPolicy
 from envs.text import (
     Dynamic,
     Static,
@@ -336,6 +338,29 @@ class Countdown(TextEnv):
             format_ok=span.matched & (n_valid > 0) & (n_valid == n_parsed),
         )
 
+    def parse_pieces(
+        self, pieces: Sequence[str], matched: bool, complete: bool, state: Any, params: CountdownParams,
+        max_actions: int,
+    ) -> tuple[CountdownParsed, int]:
+        """Host mode's parse (``TextEnv.parse_pieces``): the first piece is the action (its UTF-8 bytes,
+        cut to ``max_action_bytes``; ``length`` keeps the full length, so a longer one scores 0), and
+        every piece counts as valid. An incomplete read has no pieces: an invalid turn."""
+        del complete, state, max_actions
+        width = params.max_action_bytes
+        first = pieces[0].encode("utf-8") if pieces else b""
+        text = np.zeros((width,), np.uint8)
+        text[: min(len(first), width)] = np.frombuffer(first[:width], np.uint8)
+        n = len(pieces)
+        parsed = CountdownParsed(
+            action=CountdownAction(text=jnp.asarray(text), length=jnp.int32(len(first))),
+            n_valid=jnp.int32(n), n_parsed=jnp.int32(n), matched=jnp.asarray(matched),
+            format_ok=jnp.asarray(matched and n > 0),
+        )
+        return parsed, n
+
+    def demo_policy(self) -> CountdownPolicy:
+        return CountdownPolicy()
+
     def step_turn(
         self, key: jax.Array, state: CountdownState, parsed: CountdownParsed, params: CountdownParams
     ) -> tuple[CountdownState, jax.Array, jax.Array, dict]:
@@ -343,7 +368,7 @@ class Countdown(TextEnv):
         (RAGEN stops a turn at done). info as ``TextEnv.step_turn``."""
         live = (parsed.n_valid > 0) & ~state.terminated & (state.time < params.max_actions)
         _, nxt, reward, _, _ = self.step_env(key, state, parsed.action, params)
-        state = jax.tree.map(lambda a, b: jnp.where(live, a, b), nxt, state)
+        state = select(live, nxt, state)
         reward = jnp.where(live, reward, 0.0).astype(jnp.float32)
         done = state.terminated | (state.time >= params.max_actions)
         info = {

@@ -13,6 +13,8 @@ the equation), so the solver searches equations over *all* numbers:
 
 Equations are written with the fewest parentheses that keep Python's evaluation order, so
 ``eval(equation) == target`` (within RAGEN's 1e-5; exact for these integers and fractions).
+
+``CountdownPolicy`` is the env's demonstration policy (``Countdown.demo_policy``, ``envs.demos``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ import itertools
 import random
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Sequence
+from typing import Any, Sequence
+
+import numpy as np
+
+from envs.demos import TurnChoice
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 _ATOM = 3
@@ -180,3 +186,44 @@ def demonstration(
     parts.append(f"Let's check {', '.join(step.text() for step in solution.steps)}.")
     parts.append(f"So the answer is {solution.equation} = {int(target)}.")
     return " ".join(parts), solution.equation
+
+
+class CountdownPolicy:
+    """Demonstrations: the solver above (+- first, then + - * /). Reasoning = the numbers, the target
+    and the solver's steps, e.g. "[3, 5, 2] to 4: 5 + 2 = 7, 7 - 3 = 4." with the answer "5 + 2 - 3". A
+    noisy answer is a random +- combination of all numbers that misses the target (computed truthfully;
+    it scores 0.1)."""
+
+    def plan_length(self, state: Any, params: Any) -> int:
+        return 1
+
+    @staticmethod
+    def _task(state: Any) -> tuple[list[int], int]:
+        return [int(x) for x in np.asarray(state.numbers)[: int(state.n_numbers)]], int(state.target)
+
+    @staticmethod
+    def _random_miss(nums: list[int], target: int, rng: np.random.Generator) -> Solution | None:
+        for _ in range(20):
+            order = [nums[i] for i in rng.permutation(len(nums))]
+            total, steps, equation = Fraction(order[0]), [], str(order[0])
+            for n in order[1:]:
+                op = "+" if rng.random() < 0.5 else "-"
+                result = total + n if op == "+" else total - n
+                steps.append(Step(total, op, Fraction(n), result))
+                equation += f" {op} {n}"
+                total = result
+            if total != target:
+                return Solution(equation, tuple(steps))
+        return None
+
+    def turn(self, state: Any, params: Any, k: int, noisy: bool, rng: np.random.Generator) -> TurnChoice:
+        nums, target = self._task(state)
+        solution = self._random_miss(nums, target, rng) if noisy else None
+        if solution is None:
+            solution = solve_add_sub(nums, target)
+        if solution is None and not params.only_add_sub_solvable:
+            solution = solve_any(nums, target)
+        if solution is None:
+            raise ValueError(f"Countdown task {nums} -> {target} has no solution; the demo cannot be written")
+        steps = ", ".join(step.text() for step in solution.steps) or solution.equation
+        return TurnChoice(f"{nums} to {target}: {steps}.", (solution.equation,))

@@ -26,7 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs.base import TextEnv, TextEnvParams, TextEnvState
+from envs.base import TextEnv, TextEnvParams, TextEnvState, checked_action, select
+from envs.demos import TurnChoice, coord, pick
+from envs.solvers import FROZEN_LAKE_MOVES, frozen_lake_bfs
 from envs.text import Dynamic, Static, TokenFragments
 
 FROZEN, HOLE, START, GOAL = 0, 1, 2, 3
@@ -151,8 +153,7 @@ class FrozenLake(TextEnv):
         self, key: jax.Array, state: FrozenLakeState, action: jax.Array, params: FrozenLakeParams
     ) -> tuple[jax.Array, FrozenLakeState, jax.Array, jax.Array, dict]:
         """One move. action: RAGEN id 1..4 (anything else is invalid: nothing happens)."""
-        action = jnp.asarray(action, jnp.int32)
-        valid = (action >= 1) & (action <= 4) & ~state.terminated
+        action, valid = checked_action(action, state, 4)
         intended = jnp.clip(action - 1, 0, 3)
         # gymnasium: categorical over [(a-1)%4, a, (a+1)%4] with [fail, success, fail] via cumsum > u.
         fail = (1.0 - params.success_rate) / 2.0
@@ -165,10 +166,13 @@ class FrozenLake(TextEnv):
             time=state.time + 1, terminated=(tile == GOAL) | (tile == HOLE), success=tile == GOAL,
             grid=state.grid, pos=new_pos,
         )
-        new_state = jax.tree.map(lambda a, b: jnp.where(valid, a, b), moved, state)
+        new_state = select(valid, moved, state)
         reward = jnp.where(valid & (tile == GOAL), 1.0, 0.0).astype(jnp.float32)
         info = {"action_is_effective": new_state.pos != state.pos, "action_is_valid": valid}
         return self.get_obs(new_state), new_state, reward, new_state.terminated, info
+
+    def demo_policy(self) -> "FrozenLakePolicy":
+        return FrozenLakePolicy()
 
     # ----- text -------------------------------------------------------------------------------------
     def instruction_text(self, params: FrozenLakeParams, style: str) -> str:
@@ -260,3 +264,59 @@ class FrozenLake(TextEnv):
 def to_desc(grid: np.ndarray) -> list[str]:
     """gymnasium's ``desc`` rows ("SFFH", ...) for a tile grid."""
     return ["".join(TILE_LETTERS[int(t)] for t in row) for row in np.asarray(grid)]
+
+
+class FrozenLakePolicy:
+    """Demonstrations (``envs.demos``): the BFS shortest path (``envs.solvers.frozen_lake_bfs``). Reasoning, e.g.
+
+    "P (0, 1) G (3, 2); hole Down. Right to (0, 2), Down to (1, 2)."
+    = player and goal cells, the neighbours of the player that are holes, each chosen move and the
+    cell it leads to (intended cell: on a slippery lake the env may move elsewhere; the next turn
+    re-plans from where the player really is). A noisy first move avoids holes when it can."""
+
+    names = FrozenLake.action_lookup
+
+    @staticmethod
+    def _layout(state: Any, params: Any) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+        grid = np.asarray(state.grid)
+        cell = divmod(int(state.pos), int(params.size))
+        goal = tuple(int(v) for v in np.argwhere(grid == GOAL)[0])
+        return grid, cell, goal
+
+    @staticmethod
+    def _move(grid: np.ndarray, cell: tuple[int, int], action: int) -> tuple[int, int]:
+        dr, dc = FROZEN_LAKE_MOVES[action]
+        rows, cols = grid.shape
+        return min(max(cell[0] + dr, 0), rows - 1), min(max(cell[1] + dc, 0), cols - 1)
+
+    def plan_length(self, state: Any, params: Any) -> int:
+        grid, cell, goal = self._layout(state, params)
+        plan = frozen_lake_bfs(grid, cell, goal)
+        return len(plan) if plan else 0
+
+    def turn(self, state: Any, params: Any, k: int, noisy: bool, rng: np.random.Generator) -> TurnChoice:
+        grid, cell, goal = self._layout(state, params)
+        near = [self.names[a] for a in sorted(self.names) if
+                self._move(grid, cell, a) != cell and grid[self._move(grid, cell, a)] == HOLE]
+        holes = ("holes " if len(near) > 1 else "hole ") + ", ".join(near) if near else "no hole near"
+        plan = frozen_lake_bfs(grid, cell, goal) or []
+        trace: list[tuple[int, tuple[int, int]]] = []
+        cur = cell
+        if noisy:
+            options = [a for a in sorted(self.names) if not plan or a != plan[0]]
+            safe = [a for a in options if self._move(grid, cur, a) != cur and grid[self._move(grid, cur, a)] != HOLE]
+            action = pick(rng, safe, options)
+            cur = self._move(grid, cur, action)
+            trace.append((action, cur))
+            plan = [] if grid[cur] in (HOLE, GOAL) else frozen_lake_bfs(grid, cur, goal) or []
+        for action in plan:
+            if len(trace) >= k:
+                break
+            cur = self._move(grid, cur, action)
+            trace.append((action, cur))
+        if not trace:  # no path (cannot happen on generated maps): any move, still described truthfully
+            action = pick(rng, [], sorted(self.names))
+            trace.append((action, self._move(grid, cur, action)))
+        moves = ", ".join(f"{self.names[a]} to {coord(c)}" for a, c in trace)
+        reasoning = f"P {coord(cell)} G {coord(goal)}; {holes}. {moves}."
+        return TurnChoice(reasoning, tuple(self.names[a] for a, _ in trace))

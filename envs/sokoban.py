@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs.base import TextEnv, TextEnvParams, TextEnvState
+from envs.base import TextEnv, TextEnvParams, TextEnvState, checked_action, select
 from envs.sokoban_generator import (
     ACTION_DELTAS,
     TARGET,
@@ -42,7 +42,7 @@ from envs.sokoban_generator import (
     generate_level,
     make_level_pool,
 )
-from envs.sokoban_solver import solve
+from envs.sokoban_solver import SokobanPolicy, solve
 from envs.text import Dynamic, Static, TokenFragments
 
 ACTION_LOOKUP = {1: "Up", 2: "Down", 3: "Left", 4: "Right"}  # RAGEN's action_lookup
@@ -312,16 +312,18 @@ class SokobanEnv(TextEnv):
     ) -> tuple[jax.Array, SokobanState, jax.Array, jax.Array, dict]:
         """action: RAGEN id (1..4). Invalid ids and terminated states: no change, reward 0."""
         del key, params
-        action = jnp.asarray(action, jnp.int32)
-        valid = (action >= 1) & (action <= 4) & ~state.terminated
+        action, valid = checked_action(action, state, 4)
         moved_state, reward, moved = move(state, jnp.clip(action - 1, 0, 3))
-        state = jax.tree.map(lambda a, b: jnp.where(valid, a, b), moved_state, state)
+        state = select(valid, moved_state, state)
         reward = jnp.where(valid, reward, 0.0).astype(jnp.float32)
         info = {"action_is_effective": valid & moved, "action_is_valid": valid, "success": state.success}
         return grid_symbols(state), state, reward, state.terminated, info
 
     def get_obs(self, state: SokobanState, params: Any = None, key: Any = None) -> jax.Array:
         return grid_symbols(state)
+
+    def demo_policy(self) -> SokobanPolicy:
+        return SokobanPolicy(self.action_lookup)
 
     def instruction_text(self, params: Any, style: str) -> str:
         return instruction_text(params.spec, style)

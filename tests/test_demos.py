@@ -18,8 +18,11 @@ from flax import nnx
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 from envs.bandit import ARM_NAMES, Bandit
+from envs.base import TextEnv
 from envs.countdown import Countdown
+from envs.demos import TurnChoice
 from envs.frozen_lake import FrozenLake, to_desc
+from envs.registry import REGISTRY
 from envs.sokoban import SokobanEnv
 from envs.sokoban_solver import push_step
 from ragen_jax.sft.demos import DemoWriter, demo_seeds, demo_stats, response_text
@@ -178,9 +181,19 @@ def test_noisy_frozen_lake_demos_are_valid_and_coherent(lake_demos):
 
 
 def test_response_text_format():
-    from ragen_jax.sft.demos import TurnChoice
-
     assert response_text(TurnChoice("why", ("Up", "Left"))) == "why</think><answer>Up || Left</answer>"
+
+
+def test_every_registered_env_brings_its_demo_policy():
+    for make_env in REGISTRY.values():
+        policy = make_env().demo_policy()  # the env owns its solver: the writer knows no env class
+        assert callable(policy.plan_length) and callable(policy.turn)
+
+    class Undemonstrated(FrozenLake):
+        demo_policy = TextEnv.demo_policy
+
+    with pytest.raises(ValueError, match="no demonstration policy for Undemonstrated"):
+        DemoWriter(Undemonstrated(), None, TOK, rollout_config())
 
 
 def test_too_long_responses_raise_a_clear_error():

@@ -14,24 +14,20 @@ with ``tokenizer.encode`` and keeps prefill and decode batched on device (``host
 
 ``TextEnvHost`` runs any on-device ``TextEnv`` this way, through its Python-side pieces only: the text
 layer's ``system_text`` / ``turn_text`` / ``reward_text``, a plain-Python ``re`` parse of RAGEN's format
-written independently of ``envs/text.py`` (``parse_response``), and the env's ``step_turn`` applied to
-one row. It is the reference the fused rollout is tested against.
+written independently of ``envs/text.py`` (``parse_response``), the env's ``parse_pieces`` (its action
+names, or its free-text action, from the answer pieces) and the env's ``step_turn`` applied to one row. It is the reference the fused rollout is tested against.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from envs.bandit import ARM_NAMES, Bandit
 from envs.base import TextLayer
-from envs.countdown import Countdown, CountdownAction, CountdownParsed
-from envs.text import Parsed
 from ragen_jax.rollout.layout import env_keys, step_key
 
 # RAGEN ctx_manager._parse_response: the response is prefixed with the prompt's "<think>".
@@ -102,11 +98,6 @@ def parse_response(response_text: str, max_actions: int, answer_window: int | No
     return ParsedText(True, (), complete=False)
 
 
-def _action_ids(names: dict[str, int], pieces: Sequence[str]) -> list[int]:
-    """Map pieces with str.lower() through the name table; unknown pieces are dropped."""
-    return [names[piece.lower()] for piece in pieces if piece.lower() in names]
-
-
 class TextEnvHost:
     """One episode of an on-device ``TextEnv`` driven from the host (text in, text out).
 
@@ -153,46 +144,10 @@ class TextEnvHost:
         )
 
     def _parsed(self, parsed_text: ParsedText) -> tuple[Any, int]:
-        """The env's parsed-turn struct built from the Python parse."""
-        if not self.env.action_lookup:
-            return self._free_text(parsed_text)
-        names = self._name_table()
-        ids = _action_ids(names, parsed_text.pieces)
-        n_valid, n_parsed = len(ids), len(parsed_text.pieces) if parsed_text.complete else 1
-        actions = np.zeros((self.max_actions,), np.int32)
-        actions[:n_valid] = ids
-        format_ok = parsed_text.matched and n_valid > 0 and n_valid == n_parsed
-        parsed = Parsed(
-            actions=jnp.asarray(actions), n_valid=jnp.int32(n_valid), n_parsed=jnp.int32(n_parsed),
-            matched=jnp.asarray(parsed_text.matched), format_ok=jnp.asarray(format_ok),
+        """The env's parsed-turn struct built from the Python parse (the env maps the pieces itself)."""
+        return self.env.parse_pieces(
+            parsed_text.pieces, parsed_text.matched, parsed_text.complete, self.state, self.params, self.max_actions
         )
-        return parsed, n_valid
-
-    def _name_table(self) -> dict[str, int]:
-        """lower-cased action name -> action id; Bandit's names are the episode's two arms."""
-        if isinstance(self.env, Bandit):
-            arms = np.asarray(self.state.arms)
-            return {ARM_NAMES[int(arms[0])].lower(): 1, ARM_NAMES[int(arms[1])].lower(): 2}
-        return {name.lower(): action_id for action_id, name in self.env.action_lookup.items()}
-
-    def _free_text(self, parsed_text: ParsedText) -> tuple[Any, int]:
-        """Language envs (Countdown): the first piece is the action, every piece counts as valid."""
-        if not isinstance(self.env, Countdown):  # the one free-text env ragen_jax ships
-            raise TypeError(
-                f"{type(self.env).__name__} has no action_lookup and is not Countdown: give TextEnvHost a "
-                "free-text parse for it, or implement the HostEnv protocol directly"
-            )
-        width = self.params.max_action_bytes
-        first = parsed_text.pieces[0].encode("utf-8") if parsed_text.pieces else b""
-        text = np.zeros((width,), np.uint8)
-        text[: min(len(first), width)] = np.frombuffer(first[:width], np.uint8)
-        n = len(parsed_text.pieces)  # 0 for an incomplete read: an invalid turn
-        parsed = CountdownParsed(
-            action=CountdownAction(text=jnp.asarray(text), length=jnp.int32(len(first))),
-            n_valid=jnp.int32(n), n_parsed=jnp.int32(n), matched=jnp.asarray(parsed_text.matched),
-            format_ok=jnp.asarray(parsed_text.matched and n > 0),
-        )
-        return parsed, n
 
 
 # One compiled reset / step per (env, params structure), shared by every row and every rollout.

@@ -6,8 +6,9 @@ after every turn, after a noisy action and after a slip), write the assistant re
 
     "{reasoning}</think><answer>{A1} || {A2}</answer>"      (the prompt already ends with "<think>")
 
-where the reasoning states the facts the actions depend on, taken from the state (``policies``), and
-step the env with the env's own device parse and ``step_turn`` (same keys as the rollout:
+where the reasoning states the facts the actions depend on, taken from the state. Solver and reasoning
+are the env's own (``env.demo_policy()``, the contract in ``envs/demos.py``): this module knows no env.
+Then step the env with the env's own device parse and ``step_turn`` (same keys as the rollout:
 ``step_key(step_base, actions executed so far)``), so rewards and the next observation are the real
 ones. With probability ``noisy_fraction`` an episode gets one noisy turn (drawn uniformly among the
 turns the solver's first plan needs): its first action is a random valid action other than the
@@ -29,256 +30,19 @@ the text equals the device render, so these are the tokens a rollout producing t
 from __future__ import annotations
 
 import dataclasses
-from fractions import Fraction
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.bandit import ARM_NAMES, Bandit
 from envs.base import TextEnv
-from envs.countdown import Countdown
-from envs.countdown_solver import Solution, Step, solve_add_sub, solve_any
-from envs.frozen_lake import GOAL, HOLE, FrozenLake
-from envs.sokoban import SokobanEnv
-from envs.sokoban_generator import TARGET
-from envs.sokoban_solver import push_step
-from envs.sokoban_solver import solve as solve_sokoban
-from envs.solvers import FROZEN_LAKE_MOVES, frozen_lake_bfs
+from envs.demos import DemoPolicy, TurnChoice
 from ragen_jax.models.tokenizers import Tokenizer
 from ragen_jax.rollout.layout import RolloutConfig, env_keys, get_chat_template, step_key
 
 # Demonstration seeds live far from RAGEN's validation (123+) and training (10000+) seed ranges.
 DEMO_SEED_BASE = 5_000_000
-
-
-# ----------------------------------------------------------------------------------------------------
-# Demonstration policies: solver + reasoning text per env
-# ----------------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class TurnChoice:
-    """One demonstrated turn: the reasoning text and the answer pieces (action names / an equation)."""
-
-    reasoning: str
-    actions: tuple[str, ...]
-
-
-class DemoPolicy(Protocol):
-    """What the writer needs from an env's solver. ``state`` is one host-side (numpy) env state."""
-
-    def plan_length(self, state: Any, params: Any) -> int:
-        """Actions the solver's plan from ``state`` takes (sets which turn a noisy episode perturbs)."""
-
-    def turn(self, state: Any, params: Any, k: int, noisy: bool, rng: np.random.Generator) -> TurnChoice:
-        """Up to k actions from ``state``; noisy: the first one is a random non-solver action."""
-
-
-def _coord(cell: Sequence[int]) -> str:
-    return f"({int(cell[0])}, {int(cell[1])})"
-
-
-def _pick(rng: np.random.Generator, preferred: list[int], fallback: list[int]) -> int:
-    options = preferred or fallback
-    return int(options[int(rng.integers(len(options)))])
-
-
-class FrozenLakePolicy:
-    """BFS shortest path (``envs.solvers.frozen_lake_bfs``). Reasoning, e.g.
-
-    "P (0, 1) G (3, 2); hole Down. Right to (0, 2), Down to (1, 2)."
-    = player and goal cells, the neighbours of the player that are holes, each chosen move and the
-    cell it leads to (intended cell: on a slippery lake the env may move elsewhere; the next turn
-    re-plans from where the player really is). A noisy first move avoids holes when it can."""
-
-    names = FrozenLake.action_lookup
-
-    @staticmethod
-    def _layout(state: Any, params: Any) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
-        grid = np.asarray(state.grid)
-        cell = divmod(int(state.pos), int(params.size))
-        goal = tuple(int(v) for v in np.argwhere(grid == GOAL)[0])
-        return grid, cell, goal
-
-    @staticmethod
-    def _move(grid: np.ndarray, cell: tuple[int, int], action: int) -> tuple[int, int]:
-        dr, dc = FROZEN_LAKE_MOVES[action]
-        rows, cols = grid.shape
-        return min(max(cell[0] + dr, 0), rows - 1), min(max(cell[1] + dc, 0), cols - 1)
-
-    def plan_length(self, state: Any, params: Any) -> int:
-        grid, cell, goal = self._layout(state, params)
-        plan = frozen_lake_bfs(grid, cell, goal)
-        return len(plan) if plan else 0
-
-    def turn(self, state: Any, params: Any, k: int, noisy: bool, rng: np.random.Generator) -> TurnChoice:
-        grid, cell, goal = self._layout(state, params)
-        near = [self.names[a] for a in sorted(self.names) if
-                self._move(grid, cell, a) != cell and grid[self._move(grid, cell, a)] == HOLE]
-        holes = ("holes " if len(near) > 1 else "hole ") + ", ".join(near) if near else "no hole near"
-        plan = frozen_lake_bfs(grid, cell, goal) or []
-        trace: list[tuple[int, tuple[int, int]]] = []
-        cur = cell
-        if noisy:
-            options = [a for a in sorted(self.names) if not plan or a != plan[0]]
-            safe = [a for a in options if self._move(grid, cur, a) != cur and grid[self._move(grid, cur, a)] != HOLE]
-            action = _pick(rng, safe, options)
-            cur = self._move(grid, cur, action)
-            trace.append((action, cur))
-            plan = [] if grid[cur] in (HOLE, GOAL) else frozen_lake_bfs(grid, cur, goal) or []
-        for action in plan:
-            if len(trace) >= k:
-                break
-            cur = self._move(grid, cur, action)
-            trace.append((action, cur))
-        if not trace:  # no path (cannot happen on generated maps): any move, still described truthfully
-            action = _pick(rng, [], sorted(self.names))
-            trace.append((action, self._move(grid, cur, action)))
-        moves = ", ".join(f"{self.names[a]} to {_coord(c)}" for a, c in trace)
-        reasoning = f"P {_coord(cell)} G {_coord(goal)}; {holes}. {moves}."
-        return TurnChoice(reasoning, tuple(self.names[a] for a, _ in trace))
-
-
-class SokobanPolicy:
-    """BFS shortest solution (``envs.sokoban_solver.solve``). Reasoning, e.g.
-
-    "P (4, 3) X (3, 3) O (1, 3); X goes Up. Up pushes X to (2, 3), Up pushes X to (1, 3)."
-    = player, box and target cells, the direction of the solver's next push (why the moves go that
-    way), then each action as a move ("Left to (r, c)"), a push ("Up pushes X to (r, c)") or "Up is
-    blocked" (a wall or a box that cannot move). A noisy
-    first action prefers moves that change the board and keep the level solvable."""
-
-    names = SokobanEnv.action_lookup
-
-    @staticmethod
-    def _parts(state: Any) -> tuple[np.ndarray, frozenset, tuple[int, int]]:
-        boxes = frozenset(tuple(int(v) for v in rc) for rc in np.argwhere(np.asarray(state.boxes)))
-        return np.asarray(state.fixed), boxes, tuple(int(v) for v in np.asarray(state.player))
-
-    @staticmethod
-    def _solve(fixed: np.ndarray, boxes: frozenset, player: tuple[int, int]) -> list[int] | None:
-        mask = np.zeros(fixed.shape, bool)
-        for rc in boxes:
-            mask[rc] = True
-        return solve_sokoban(fixed, mask, player)
-
-    def plan_length(self, state: Any, params: Any) -> int:
-        fixed, boxes, player = self._parts(state)
-        plan = self._solve(fixed, boxes, player)
-        return len(plan) if plan else 0
-
-    def turn(self, state: Any, params: Any, k: int, noisy: bool, rng: np.random.Generator) -> TurnChoice:
-        fixed, boxes, player = self._parts(state)
-        targets = frozenset(tuple(int(v) for v in rc) for rc in np.argwhere(fixed == TARGET))
-        plan = self._solve(fixed, boxes, player) or []
-        why = ""
-        b, p = boxes, player
-        for action in plan:  # the direction of the solver's next push
-            nb, p = push_step(fixed, b, p, action)
-            if nb != b:
-                why = f"; X goes {self.names[action]}"
-                break
-            b = nb
-        trace: list[str] = []  # one phrase per action
-        actions: list[int] = []
-        b, p = boxes, player
-
-        def act(action: int) -> None:
-            nonlocal b, p
-            nb, np_ = push_step(fixed, b, p, action)
-            name = self.names[action]
-            if nb != b:
-                trace.append(f"{name} pushes X to {_coord(sorted(nb - b)[0])}")
-            elif np_ == p:
-                trace.append(f"{name} is blocked")
-            else:
-                trace.append(f"{name} to {_coord(np_)}")
-            actions.append(action)
-            b, p = nb, np_
-
-        if noisy:
-            options = [a for a in sorted(self.names) if not plan or a != plan[0]]
-            good = [a for a in options if push_step(fixed, b, p, a) != (b, p)
-                    and self._solve(fixed, *push_step(fixed, b, p, a)) is not None]
-            act(_pick(rng, good, options))
-            plan = [] if b <= targets else self._solve(fixed, b, p) or []
-        for action in plan:
-            if len(actions) >= k or b <= targets:
-                break
-            act(action)
-        if not actions:  # unsolvable from here (a box is stuck): any action, described truthfully
-            act(_pick(rng, [], sorted(self.names)))
-        box_text = ", ".join(_coord(c) for c in sorted(boxes))
-        target_text = ", ".join(_coord(c) for c in sorted(targets))
-        reasoning = f"P {_coord(player)} X {box_text} O {target_text}{why}. {', '.join(trace)}."
-        return TurnChoice(reasoning, tuple(self.names[a] for a in actions))
-
-
-class CountdownPolicy:
-    """The Countdown solver (+- first, then + - * /). Reasoning = the numbers, the target and the
-    solver's steps, e.g. "[3, 5, 2] to 4: 5 + 2 = 7, 7 - 3 = 4." with the answer "5 + 2 - 3". A noisy
-    answer is a random +- combination of all numbers that misses the target (computed truthfully; it
-    scores 0.1)."""
-
-    def plan_length(self, state: Any, params: Any) -> int:
-        return 1
-
-    @staticmethod
-    def _task(state: Any) -> tuple[list[int], int]:
-        return [int(x) for x in np.asarray(state.numbers)[: int(state.n_numbers)]], int(state.target)
-
-    @staticmethod
-    def _random_miss(nums: list[int], target: int, rng: np.random.Generator) -> Solution | None:
-        for _ in range(20):
-            order = [nums[i] for i in rng.permutation(len(nums))]
-            total, steps, equation = Fraction(order[0]), [], str(order[0])
-            for n in order[1:]:
-                op = "+" if rng.random() < 0.5 else "-"
-                result = total + n if op == "+" else total - n
-                steps.append(Step(total, op, Fraction(n), result))
-                equation += f" {op} {n}"
-                total = result
-            if total != target:
-                return Solution(equation, tuple(steps))
-        return None
-
-    def turn(self, state: Any, params: Any, k: int, noisy: bool, rng: np.random.Generator) -> TurnChoice:
-        nums, target = self._task(state)
-        solution = self._random_miss(nums, target, rng) if noisy else None
-        if solution is None:
-            solution = solve_add_sub(nums, target)
-        if solution is None and not params.only_add_sub_solvable:
-            solution = solve_any(nums, target)
-        if solution is None:
-            raise ValueError(f"Countdown task {nums} -> {target} has no solution; the demo cannot be written")
-        steps = ", ".join(step.text() for step in solution.steps) or solution.equation
-        return TurnChoice(f"{nums} to {target}: {steps}.", (solution.equation,))
-
-
-class BanditPolicy:
-    """Pull the high-risk arm (success). Reasoning names both arms: "Trader is high-risk, Teacher is
-    safe; pick Trader." A noisy episode picks the safe arm with the same facts."""
-
-    def plan_length(self, state: Any, params: Any) -> int:
-        return 1
-
-    def turn(self, state: Any, params: Any, k: int, noisy: bool, rng: np.random.Generator) -> TurnChoice:
-        arms, high_action = np.asarray(state.arms), int(state.high_action)
-        high, low = ARM_NAMES[int(arms[high_action - 1])], ARM_NAMES[int(arms[2 - high_action])]
-        pick = low if noisy else high
-        return TurnChoice(f"{high} is high-risk, {low} is safe; pick {pick}.", (pick,))
-
-
-def policy_for(env: TextEnv) -> DemoPolicy:
-    """The demonstration policy of a built-in env."""
-    for kind, policy in ((FrozenLake, FrozenLakePolicy), (SokobanEnv, SokobanPolicy),
-                         (Countdown, CountdownPolicy), (Bandit, BanditPolicy)):
-        if isinstance(env, kind):
-            return policy()
-    raise ValueError(
-        f"no demonstration policy for {type(env).__name__}; pass DemoWriter(..., policy=...) with plan_length "
-        "and turn methods (see ragen_jax.sft.demos.DemoPolicy)"
-    )
 
 
 def response_text(choice: TurnChoice) -> str:
@@ -346,7 +110,8 @@ class DemoWriter:
     """Writes demonstrations of one (env, env params, tokenizer, rollout settings).
 
     The text layer is built exactly as ``Rollout`` builds it (prompt style, max_actions_per_turn, the
-    env's default response budget), so prompts and the parse match the RL-time rollout.
+    env's default response budget), so prompts and the parse match the RL-time rollout. policy: the
+    solver that chooses each turn (``envs.demos.DemoPolicy``); None = the env's ``demo_policy()``.
     """
 
     def __init__(
@@ -362,7 +127,7 @@ class DemoWriter:
         self.layer = env.text_layer(tokenizer, self.env_params, config.prompt_style, config.max_actions_per_turn)
         self.chat = get_chat_template(config.chat_template)
         self.system = self.layer.system_text()
-        self.policy = policy_for(env) if policy is None else policy
+        self.policy = env.demo_policy() if policy is None else policy
         layer, params = self.layer, self.env_params
 
         def reset_one(seed):

@@ -149,3 +149,41 @@ def test_action_vocab_rejects_bad_names():
         ActionVocab(("Up", "UP"), (1, 2))
     with pytest.raises(ValueError, match="ASCII"):
         ActionVocab(("Up", "\u00dcber"), (1, 2))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Host mode's parse (TextEnv.parse_pieces): the env maps RAGEN's answer pieces itself
+# ------------------------------------------------------------------------------------------------------
+def test_parse_pieces_maps_names_case_blind_and_drops_unknown_ones():
+    from envs.frozen_lake import FrozenLake
+
+    env = FrozenLake()
+    parsed, n_valid = env.parse_pieces(("up", "LEFT", "Jump"), True, True, None, env.default_params, 3)
+    assert n_valid == 2 and np.asarray(parsed.actions).tolist() == [4, 1, 0]
+    assert int(parsed.n_parsed) == 3 and not bool(parsed.format_ok)  # one piece is not an action
+    parsed, n_valid = env.parse_pieces((), True, False, None, env.default_params, 2)  # cut by the window
+    assert (n_valid, int(parsed.n_parsed), bool(parsed.format_ok)) == (0, 1, False)
+
+
+def test_parse_pieces_uses_the_state_names_of_bandit_and_the_free_text_of_countdown():
+    from envs.bandit import ARM_NAMES, Bandit
+    from envs.base import TextEnv
+    from envs.countdown import Countdown
+
+    env = Bandit()
+    state = env.reset_env(jax.random.PRNGKey(0), env.default_params)[1]
+    first, second = (ARM_NAMES[int(i)] for i in np.asarray(state.arms))
+    parsed, n_valid = env.parse_pieces((second.upper(),), True, True, state, env.default_params, 1)
+    assert n_valid == 1 and int(parsed.actions[0]) == 2 and bool(parsed.format_ok)
+    assert env.parse_pieces(("arm 1",), True, True, state, env.default_params, 1)[1] == 0
+
+    countdown = Countdown()
+    parsed, n_valid = countdown.parse_pieces(("1 + 2",), True, True, None, countdown.default_params, 1)
+    assert n_valid == 1 and int(parsed.action.length) == 5
+    assert bytes(np.asarray(parsed.action.text)[:5]) == b"1 + 2"
+
+    class FreeText(Countdown):  # a free-text env that did not write its host parse
+        parse_pieces = TextEnv.parse_pieces
+
+    with pytest.raises(TypeError, match="FreeText has no action_lookup"):
+        FreeText().parse_pieces(("x",), True, True, None, countdown.default_params, 1)
