@@ -113,6 +113,7 @@ def cpu_child(mesh_shape: tuple[int, int, int], rows: int, seq_len: int, repeats
     jax.config.update("jax_default_matmul_precision", "highest")
     from ragen_jax.parallel import sharding
     from ragen_jax.models.config import get_preset
+    from ragen_jax.rl.state import TrainState
 
     cfg = get_preset("tiny", hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2,
                      head_dim=32)
@@ -120,25 +121,24 @@ def cpu_child(mesh_shape: tuple[int, int, int], rows: int, seq_len: int, repeats
     step, params, opt = build_update(cfg, rows, mini=rows // 2, micro=rows // 4, group_size=group)
     traj = synthetic_traj(rows, seq_len, cfg.vocab_size, group)
     mesh = sharding.make_mesh(mesh_shape)
-    shardings = sharding.StateShardings(sharding.param_shardings(params, mesh, "train", cfg), None,
-                                        sharding.param_shardings(opt, mesh, "train", cfg), None, None)
+    shardings = sharding.state_shardings(TrainState(actor=params, actor_opt=opt), mesh, cfg)
     sharded = sharding.ShardedUpdateStep(step, mesh, shardings)
-    params, opt = jax.tree.map(np.asarray, params), jax.tree.map(np.asarray, opt)  # host copies
+    host_state = TrainState(actor=jax.tree.map(np.asarray, params), actor_opt=jax.tree.map(np.asarray, opt))
 
     def fresh():  # the step donates its state: place new buffers for every call
-        return sharding.shard_state(params, shardings.actor), sharding.shard_state(opt, shardings.actor_opt)
+        return sharding.shard_state(host_state, shardings)
 
     key = jax.random.key(1)
-    p, o = fresh()
+    state = fresh()
     t0 = time.perf_counter()
-    first = sharded(p, None, o, None, None, traj, key)
+    first = sharded(state, traj, key)
     jax.block_until_ready(first.metrics)
     compile_s = time.perf_counter() - t0
     times = []
     for _ in range(repeats):
-        p, o = fresh()
+        state = fresh()
         t0 = time.perf_counter()
-        res = sharded(p, None, o, None, None, traj, key)
+        res = sharded(state, traj, key)
         jax.block_until_ready(res.metrics)
         times.append(time.perf_counter() - t0)
     metrics = {k: float(v) for k, v in first.metrics.items()}

@@ -71,7 +71,8 @@ def main() -> None:
     from ragen_jax.train.checkpoint import Checkpointer
     from ragen_jax.main import load_config_file
     from ragen_jax.rollout.layout import env_keys
-    from ragen_jax.train.loop import TrainState, build_run
+    from ragen_jax.rl.state import TrainState
+    from ragen_jax.train.loop import build_run
     from ragen_jax.rollout.validation import run_validation
     from train_step import apply_overrides
 

@@ -227,15 +227,14 @@ def main() -> None:
             run.rollout.run(state.actor, k_roll, r.train_seeds(step - 1))))
         times["rollout"].append(dt)
         generated.append(int(np.asarray(traj.loss_mask).sum()))
-        (_, state.mi_ema), dt = _timed(lambda: jax.block_until_ready(mi_diagnostics(run, state, traj, k_mi)))
+        (_, mi_ema), dt = _timed(lambda: jax.block_until_ready(mi_diagnostics(run, state, traj, k_mi)))
+        state = state.replace(mi_ema=mi_ema)
         times["mi"].append(dt)
         _, dt = _timed(lambda: jax.block_until_ready(score(state.actor, traj.tokens, traj.valid)))
         times["scoring"].append(dt)
-        result, dt = _timed(lambda: jax.block_until_ready(run.update_step(
-            state.actor, state.critic, state.actor_opt, state.critic_opt, state.ref, traj, k_upd)))
+        result, dt = _timed(lambda: jax.block_until_ready(run.update_step(state, traj, k_upd)))
         times["update"].append(dt)
-        state.actor, state.critic = result.actor_params, result.critic_params
-        state.actor_opt, state.critic_opt = result.actor_opt_state, result.critic_opt_state
+        state = result.state
         print(f"step {step}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()), flush=True)
     phases = {k: _split_first(v) for k, v in times.items()}
 
@@ -262,11 +261,9 @@ def main() -> None:
     torch_update(model, opt, batch, alg.mini_batch_size, micro, r.temperature)  # warm-up
     # The two sides alternate, so that a change of load on the shared machine hits both alike.
     jax_times, torch_times = [], []
-    params, opt_state = state.actor, state.actor_opt
     for i in range(args.repeats):
-        result, dt = _timed(lambda: jax.block_until_ready(run.update_step(
-            params, state.critic, opt_state, state.critic_opt, state.ref, traj, jax.random.key(i))))
-        params, opt_state = result.actor_params, result.actor_opt_state
+        result, dt = _timed(lambda: jax.block_until_ready(run.update_step(state, traj, jax.random.key(i))))
+        state = result.state
         jax_times.append(dt)
         _, dt = _timed(lambda: torch_update(model, opt, batch, alg.mini_batch_size, micro, r.temperature))
         torch_times.append(dt)

@@ -77,7 +77,8 @@ from ragen_jax.models.config import PRESETS, ModelConfig
 PRESETS["sharding-test"] = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2,
     num_heads=4, num_kv_heads=2, head_dim=16, tie_embeddings=False, max_position_embeddings=4096)
 from configs.bandit import get_config
-from ragen_jax.train.loop import TrainState, build_run
+from ragen_jax.rl.state import TrainState
+from ragen_jax.train.loop import build_run
 
 run_dir = os.environ["RUN_DIR"]
 c = get_config("ppo")
@@ -96,9 +97,8 @@ metrics = []
 for step in (1, 2):
     k_roll, _, k_upd = jax.random.split(jax.random.fold_in(base, step), 3)
     traj = run.rollout.run(state.actor, k_roll, run.rollout_cfg.train_seeds(step - 1))
-    res = run.update_step(state.actor, state.critic, state.actor_opt, state.critic_opt, state.ref, traj, k_upd)
-    state.actor, state.critic = res.actor_params, res.critic_params
-    state.actor_opt, state.critic_opt = res.actor_opt_state, res.critic_opt_state
+    res = run.update_step(state, traj, k_upd)
+    state = res.state
     row = {k: float(v) for k, v in res.metrics.items()}
     row["train/success"] = float(np.asarray(traj.success).mean())
     metrics.append(writer.write(step, row))

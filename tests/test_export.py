@@ -57,7 +57,7 @@ def _write_run(directory, config) -> tuple[dict, object]:
     ckpt = Checkpointer(str(directory / "checkpoints"), keep=config.trainer.keep_checkpoints)
     saved = {}
     for step in STEPS:
-        state.actor = _moved(state.actor, step)
+        state = state.replace(actor=_moved(state.actor, step))
         ckpt.save(step, state.tree(), {"step": step, "early_stop": {}, "seed_counter": step})
         saved[step] = jax.tree.map(np.asarray, state.actor)
     ckpt.close()

@@ -271,11 +271,10 @@ def train_two_steps(run, state):
     for step in (1, 2):
         k_roll, _, k_upd = jax.random.split(jax.random.fold_in(base, step), 3)
         traj = run.rollout.run(state.actor, k_roll, run.rollout_cfg.train_seeds(step - 1))
-        res = run.update_step(state.actor, state.critic, state.actor_opt, state.critic_opt, state.ref, traj, k_upd)
+        res = run.update_step(state, traj, k_upd)
         if first is None:
-            first = (jax.tree.map(np.asarray, traj), k_upd, host(res.actor_params))
-        state.actor, state.critic = res.actor_params, res.critic_params
-        state.actor_opt, state.critic_opt = res.actor_opt_state, res.critic_opt_state
+            first = (jax.tree.map(np.asarray, traj), k_upd, host(res.state.actor))
+        state = res.state
         row = {k: float(v) for k, v in res.metrics.items()}
         row["train/episode_reward"] = float(np.asarray(traj.episode_reward).mean())
         metrics.append(row)
@@ -330,14 +329,14 @@ raw_step = run.update_step
 _, state = sharding.shard_run(run, state, mesh)
 traj = sharding.shard_state(traj1, sharding.batch_shardings(traj1, mesh))
 declared = sharding.param_shardings(state.actor, mesh, "train", run.rollout.model_cfg)
-res = raw_step(state.actor, state.critic, state.actor_opt, state.critic_opt, state.ref, traj, key1)
+res = raw_step(state, traj, key1)
 out["raw"] = {
     "metric_diff": max(abs(float(v) - base_metrics[0][k]) / max(1.0, abs(base_metrics[0][k]))
                        for k, v in res.metrics.items()),
-    "actor_diff": max_diff(host(res.actor_params), host(first_actor)),
+    "actor_diff": max_diff(host(res.state.actor), host(first_actor)),
     # leaves whose output sharding XLA chose differently from the input's (why ShardedUpdateStep declares them)
     "changed_shardings": [sharding.path_string(p) for (p, x), s in zip(
-        jax.tree_util.tree_leaves_with_path(res.actor_params), jax.tree.leaves(declared))
+        jax.tree_util.tree_leaves_with_path(res.state.actor), jax.tree.leaves(declared))
         if not x.sharding.is_equivalent_to(s, x.ndim)],
 }
 print(json.dumps(out))

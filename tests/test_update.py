@@ -23,6 +23,7 @@ from ragen_jax.models.transformer import Transformer
 from ragen_jax.rl.optim import make_optimizer
 from ragen_jax.rl.losses import ActorLossConfig, actor_loss_terms
 from ragen_jax.rollout.trajectories import finalize
+from ragen_jax.rl.state import TrainState
 from ragen_jax.rl.update import UpdateConfig, make_update_step, plan_minibatches
 from tests._tolerance import gamma
 
@@ -112,11 +113,13 @@ def ppo_step(models):
 
 
 def run(step, models, traj, key=0, ref=None):
+    """One update from the models' initial parameters; returns UpdateResult(state, metrics)."""
     a, c = copy_tree(models["a_params"]), copy_tree(models["c_params"])
     a_opt, c_opt = step.actor_tx.init(a), (step.critic_tx.init(c) if step.critic_tx else None)
     if not step.config.use_critic:
         c = None
-    return step(a, c, a_opt, c_opt, ref, traj, jax.random.key(key))
+    state = TrainState(actor=a, critic=c, actor_opt=a_opt, critic_opt=c_opt, ref=ref)
+    return step(state, traj, jax.random.key(key))
 
 
 # Rewards: groups 1 and 3 have zero spread (filtered out with include_zero=False); groups 0 and 2 vary.
@@ -143,8 +146,8 @@ def test_micro_batch_accumulation_equals_one_micro_batch(models):
     cfg = tiny_cfg()
     depth = 2 * (2 * cfg.num_layers + 1)  # forward and backward through the stack and the head
     tol = depth * 2 * gamma(max(PPO.mini_batch_size * L, cfg.intermediate_size))
-    for params_a, params_b, start in ((a.actor_params, b.actor_params, models["a_params"]),
-                                      (a.critic_params, b.critic_params, models["c_params"])):
+    for params_a, params_b, start in ((a.state.actor, b.state.actor, models["a_params"]),
+                                      (a.state.critic, b.state.critic, models["c_params"])):
         delta_a = jax.tree.map(lambda x, y: x - y, params_a, start)
         delta_b = jax.tree.map(lambda x, y: x - y, params_b, start)
         assert rel_diff(delta_b, start) > 1e-3  # the step did change the parameters
@@ -165,8 +168,8 @@ def test_filtered_groups_change_nothing(models, ppo_step):
     b = run(ppo_step, models, mixed, key=3)
     assert a.metrics["filter/kept_groups"] == 2.0 and b.metrics["filter/kept_groups"] == 2.0
     assert a.metrics["update/minibatches_used"] == 2.0  # ceil(6 / 4): filtered rows cost no mini-batch
-    assert trees_equal(a.actor_params, b.actor_params)
-    assert trees_equal(a.critic_params, b.critic_params)
+    assert trees_equal(a.state.actor, b.state.actor)
+    assert trees_equal(a.state.critic, b.state.critic)
     for name in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "update/tokens"):
         assert a.metrics[name] == b.metrics[name], name
     assert np.isfinite(a.metrics["actor/pg_loss"]) and a.metrics["update/nonfinite_skipped"] == 0.0
@@ -178,7 +181,7 @@ def test_all_filtered_batch_leaves_parameters_bit_identical(models, ppo_step):
     out = run(ppo_step, models, traj)
     assert out.metrics["filter/empty"] == 1.0 and out.metrics["update/minibatches_used"] == 0.0
     assert out.metrics["update/tokens"] == 0.0
-    assert trees_equal(out.actor_params, before_a) and trees_equal(out.critic_params, before_c)
+    assert trees_equal(out.state.actor, before_a) and trees_equal(out.state.critic, before_c)
     assert all(np.isfinite(float(v)) for v in out.metrics.values())
 
 
@@ -193,10 +196,10 @@ def test_nonfinite_old_logprob_skips_the_actor_step(models, ppo_step):
     out = run(ppo_step, models, traj)
     assert out.metrics["update/minibatches_used"] == 1.0
     assert out.metrics["actor/nonfinite_skipped"] == 1.0 and out.metrics["update/nonfinite_skipped"] == 1.0
-    assert trees_equal(out.actor_params, to_np(models["a_params"]))
-    assert trees_equal(out.actor_opt_state, a_opt_init)
-    assert not trees_equal(out.critic_params, to_np(models["c_params"]))  # the critic never sees log-probs
-    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(out.actor_params))
+    assert trees_equal(out.state.actor, to_np(models["a_params"]))
+    assert trees_equal(out.state.actor_opt, a_opt_init)
+    assert not trees_equal(out.state.critic, to_np(models["c_params"]))  # the critic never sees log-probs
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(out.state.actor))
 
 
 def test_copy_padding_uses_ceil_minibatches_of_kept_rows(models, ppo_step):
@@ -287,7 +290,7 @@ def test_grpo_step_gradient_is_minus_advantage_times_logp(models, grpo_step):
 
     grads = jax.jit(jax.grad(reference_loss))(models["a_params"])
     expected = jax.tree.map(lambda p, g: p - LR * g, models["a_params"], grads)
-    delta = jax.tree.map(lambda x, y: x - y, out.actor_params, models["a_params"])
+    delta = jax.tree.map(lambda x, y: x - y, out.state.actor, models["a_params"])
     delta_ref = jax.tree.map(lambda x, y: x - y, expected, models["a_params"])
     assert rel_diff(delta_ref, models["a_params"]) > 1e-4
     assert rel_diff(delta, delta_ref) <= 1e-4

@@ -25,8 +25,9 @@ match the *end* of a leaf's path (AdamW's ``mu/layers/0/attn/q_proj/kernel`` is 
 which matters: an optimizer count left on one device makes the jitted step fail on a mesh.
 
 Entry points: ``make_mesh``, ``param_shardings``, ``batch_shardings``, ``cache_shardings``,
-``shard_state``; ``ShardedUpdateStep`` / ``ShardedRollout`` (jitted with declared in/out shardings) and
-``shard_run(run, state, mesh)``, which puts a ``trainer.Run`` and its ``TrainState`` on a mesh.
+``shard_state``, ``state_shardings``; ``ShardedUpdateStep`` / ``ShardedRollout`` (jitted with declared in/out
+shardings) and ``shard_run(run, state, mesh)``, which puts a ``train.loop.Run`` and its ``rl.state.TrainState``
+on a mesh.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ragen_jax.models.kv_cache import KVCache
+from ragen_jax.rl.state import TrainState
 from ragen_jax.rl.update import UpdateResult
 
 log = logging.getLogger(__name__)
@@ -339,37 +341,28 @@ def describe(tree: Any) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------- sharded steps
-@dataclasses.dataclass
-class StateShardings:
-    """Train-layout shardings of what the update step carries (None where the run has no such state)."""
-
-    actor: Any
-    critic: Any
-    actor_opt: Any
-    critic_opt: Any
-    ref: Any
-
-    @classmethod
-    def of(cls, state: Any, mesh: Mesh, model_cfg: Any = None) -> "StateShardings":
-        """From a ``trainer.TrainState`` (or anything with actor / critic / actor_opt / critic_opt / ref)."""
-        sh = lambda tree: None if tree is None else param_shardings(tree, mesh, "train", model_cfg)  # noqa: E731
-        return cls(sh(state.actor), sh(state.critic), sh(state.actor_opt), sh(state.critic_opt), sh(state.ref))
+def state_shardings(state: TrainState, mesh: Mesh, model_cfg: Any = None) -> TrainState:
+    """A ``TrainState`` of NamedSharding: actor, critic, optimizer states and ref in the train layout
+    (``param_shardings``), the MI EMA state replicated; None where the state has None."""
+    sh = lambda tree: param_shardings(tree, mesh, "train", model_cfg)  # noqa: E731
+    return state.replace(actor=sh(state.actor), critic=sh(state.critic), actor_opt=sh(state.actor_opt),
+                         critic_opt=sh(state.critic_opt), ref=sh(state.ref),
+                         mi_ema=jax.tree.map(lambda _: replicated(mesh), state.mi_ema))
 
 
 class ShardedUpdateStep:
     """The update step (``update.make_update_step``) jitted with declared shardings on a mesh.
 
-    in:  actor / critic / optimizer states / ref in the train layout, trajectories with rows over
-         ('data', 'fsdp'), the key replicated;  out: the same state shardings, metrics replicated.
-    The state arguments are donated, as in the unsharded step. The inner step's body is traced inside
-    this jit, so its ``traces`` counter still counts compiles. Same call signature and result.
+    Jits the inner ``program(trained, ref, traj, key)`` with in: the trained part (actor, critic, optimizer
+    states) and ref in ``shardings`` (``state_shardings``: the train layout), trajectories with rows over
+    ('data', 'fsdp'), the key replicated;  out: the trained part in the same shardings, metrics replicated.
+    The trained part is donated, as in the unsharded step. The inner step's body is traced inside this
+    jit, so its ``traces`` counter still counts compiles. Same call signature and result:
+    ``step(state, traj, key) -> UpdateResult(state, metrics)``.
     """
 
-    def __init__(self, update_step: Any, mesh: Mesh, shardings: StateShardings):
+    def __init__(self, update_step: Any, mesh: Mesh, shardings: TrainState):
         self.inner, self.mesh, self.shardings = update_step, mesh, shardings
-        rep = replicated(mesh)
-        s = shardings
-        self._out = UpdateResult(s.actor, s.critic, s.actor_opt, s.critic_opt, rep)
         self._jitted = None
         self._traj_shardings = None
 
@@ -378,23 +371,18 @@ class ShardedUpdateStep:
         return self.inner.traces
 
     def _build(self, traj):
-        s, rep = self.shardings, replicated(self.mesh)
         self._traj_shardings = batch_shardings(traj, self.mesh)
-        step = self.inner
+        s, rep = self.shardings, replicated(self.mesh)
+        self._jitted = jax.jit(self.inner.program, in_shardings=(s.trained(), s.ref, self._traj_shardings, rep),
+                               out_shardings=(s.trained(), rep), donate_argnums=0)
 
-        def body(actor, critic, actor_opt, critic_opt, ref, traj, key):
-            return step(actor, critic, actor_opt, critic_opt, ref, traj, key)
-
-        self._jitted = jax.jit(
-            body, in_shardings=(s.actor, s.critic, s.actor_opt, s.critic_opt, s.ref, self._traj_shardings, rep),
-            out_shardings=self._out, donate_argnums=(0, 1, 2, 3))
-
-    def __call__(self, actor_params, critic_params, actor_opt_state, critic_opt_state, ref_params, traj, key):
+    def __call__(self, state: TrainState, traj, key) -> UpdateResult:
         if self._jitted is None:
             self._build(traj)
         traj = shard_state(traj, self._traj_shardings)
         key = _global_array(key, replicated(self.mesh))
-        return self._jitted(actor_params, critic_params, actor_opt_state, critic_opt_state, ref_params, traj, key)
+        trained, metrics = self._jitted(state.trained(), state.ref, traj, key)
+        return UpdateResult(state.replace(**trained), metrics)
 
 
 class ShardedRollout:
@@ -458,33 +446,24 @@ class ShardedRollout:
         return self._executables[greedy]
 
 
-def shard_run(run: Any, state: Any, mesh: Mesh) -> tuple[Any, Any]:
-    """Put a ``trainer.Run`` and its ``TrainState`` on ``mesh``.
+def shard_run(run: Any, state: TrainState, mesh: Mesh) -> tuple[Any, TrainState]:
+    """Put a ``train.loop.Run`` and its ``TrainState`` on ``mesh``.
 
     Returns (run', state'): run' has ``rollout`` = ShardedRollout and ``update_step`` = ShardedUpdateStep;
     state' holds the same values placed in the train layout (actor, critic, optimizer states, ref; the
     MI EMA state replicated). Checkpoints restored with ``state'.tree()`` as the template come back
     with these shardings.
     """
-    shardings = StateShardings.of(state, mesh, getattr(run.rollout, "model_cfg", None))
-    placed = dataclasses.replace(
-        state,
-        actor=shard_state(state.actor, shardings.actor),
-        critic=None if state.critic is None else shard_state(state.critic, shardings.critic),
-        actor_opt=shard_state(state.actor_opt, shardings.actor_opt),
-        critic_opt=None if state.critic_opt is None else shard_state(state.critic_opt, shardings.critic_opt),
-        ref=None if state.ref is None else shard_state(state.ref, shardings.ref),
-        mi_ema=shard_state(state.mi_ema, jax.tree.map(lambda _: replicated(mesh), state.mi_ema)),
-    )
+    shardings = state_shardings(state, mesh, getattr(run.rollout, "model_cfg", None))
     new_run = dataclasses.replace(run, rollout=ShardedRollout(run.rollout, mesh),
                                   update_step=ShardedUpdateStep(run.update_step, mesh, shardings))
-    return new_run, placed
+    return new_run, shard_state(state, shardings)
 
 
 __all__ = [
     "MESH_AXES", "BATCH_AXES", "TRAIN_RULES", "SAMPLE_RULES", "PARAM_PATTERNS", "ACTIVATION_AXES", "mesh_shape",
     "make_mesh", "replicated", "batch_spec", "batch_sharding", "batch_shards", "logical_to_spec", "path_string",
     "logical_axes_of", "head_units", "param_shardings", "check_rows", "batch_shardings", "cache_shardings",
-    "activation_sharding", "shard_state", "shardings_of", "describe", "StateShardings", "ShardedUpdateStep",
+    "activation_sharding", "shard_state", "shardings_of", "describe", "state_shardings", "ShardedUpdateStep",
     "ShardedRollout", "shard_run",
 ]

@@ -1,28 +1,36 @@
-"""The fused PPO / GRPO update: filter -> gather + copy-pad -> score -> advantages -> critic -> actor.
+"""The fused PPO / GRPO update as named pure stages, called in order by one jitted program.
 
-``make_update_step(...)`` returns ONE jitted program (parameters and optimizer states donated) that
-turns a ``Trajectories`` batch into new parameters and a dict of float32 scalar metrics:
+``make_update_step(...)`` returns ``step(state, traj, key) -> UpdateResult(state, metrics)``: ``state`` a
+``rl.state.TrainState`` (its trained part, ``state.trained()``, is donated: use the returned state; ``ref`` is
+only read and ``mi_ema`` passed along outside the program), ``traj`` a ``Trajectories`` batch of R = G * S
+rows (group-major), ``key`` the copy-padding key; ``metrics`` a dict of float32 scalars. The jitted program,
+``UpdateStep.program(state.trained(), state.ref, traj, key) -> (trained, metrics)``, is the stages below,
+each a pure function of its inputs (shapes in their docstrings), and nothing else:
 
-  a. filter   group scores of ``episode_reward`` [G, S] -> ``select_groups`` -> keep bool[G]
-              (rl/filtering.py, RAGEN's rule), filter metrics, soft reweighting / loss scaling factors.
-  b. gather   kept rows to the front (stable, group-major order), then copy-padding to a whole number
-              of mini-batches (RAGEN's batch adjust "copy" mode: the extra rows are duplicates of random
-              kept rows, without replacement when possible; see ``plan_minibatches``). The batch keeps its
-              static R rows = R / mb mini-batch slots; slots past ceil(K / mb) are skipped by ``lax.cond``.
-  c. score    old log-probs = the sampler's (equal to the trainer's forward on the loss mask), or
-              recomputed under the current actor (``recompute_old_logprobs``; the |sampler - recomputed|
-              gap is then always logged); reference log-probs when the KL loss is on; critic values (GAE).
-  d. advantages on the gathered batch: GAE whitened over the loss tokens of the used rows, *including*
-              copy-padding duplicates (RAGEN computes advantages after its batch adjust), or GRPO /
-              Dr.GRPO / RLOO from the [G, S] rewards (per-group statistics, so unchanged by filtering).
-              Then A <- A * w_g (soft reweight) * s (loss scaling), RAGEN's order.
-  e/f. critic (GAE only) then actor, as RAGEN does; both use the values / advantages of (c)-(d).
-              ``ppo_epochs`` x mini-batch slots (``lax.scan``), each mini-batch split into micro-batches
-              (``lax.scan``) whose loss parts are (sum, count) ``Weighted`` pairs: the gradient of each
-              micro-batch's *sum* is accumulated and divided once by the mini-batch count, so it equals
-              the gradient of the whole mini-batch's loss. One optimizer step per mini-batch.
-  g. guard    a mini-batch whose loss or gradient norm is non-finite makes no optimizer step (params
-              and optimizer state unchanged) and is counted in ``update/nonfinite_skipped``.
+  select_and_plan     the paper's filter: group scores of ``episode_reward`` [G, S] -> ``select_groups`` ->
+                      keep bool[G] (rl/filtering.py, RAGEN's rule), the loss-scaling factor s and soft
+                      reweighting weights w_g; then the mini-batch plan: kept rows to the front (stable,
+                      group-major order), copy-padded to a whole number of mini-batches (RAGEN's batch adjust
+                      "copy" mode: duplicates of random kept rows, without replacement when possible; see
+                      ``plan_minibatches``). The batch keeps its static R rows = R / mb mini-batch slots;
+                      slots past ceil(K / mb) are skipped by ``lax.cond``.
+  gather_batch        the plan applied: the R slots' tokens, masks, sampler log-probs, rewards, weights.
+  score               forward-only: old log-probs = the sampler's (equal to the trainer's forward on the
+                      loss mask), or recomputed under the current actor (``recompute_old_logprobs``);
+                      reference log-probs when the KL loss is on; critic values (GAE).
+  compute_advantages  on the gathered batch: GAE whitened over the loss tokens of the used rows,
+                      *including* copy-padding duplicates (RAGEN computes advantages after its batch
+                      adjust), or GRPO / Dr.GRPO / RLOO from the [G, S] rewards (per-group statistics, so
+                      unchanged by filtering). Then A <- A * w_g (soft reweight) * s (loss scaling), RAGEN's
+                      order.
+  update_critic       (GAE only) then update_actor, as RAGEN does; both use the values / advantages above.
+  update_actor        ``ppo_epochs`` x mini-batch slots (``lax.scan``), each mini-batch split into
+                      micro-batches (``lax.scan``) whose loss parts are (sum, count) ``Weighted`` pairs: the
+                      gradient of each micro-batch's *sum* is accumulated and divided once by the mini-batch
+                      count, so it equals the gradient of the whole mini-batch's loss. One optimizer step per
+                      mini-batch; a mini-batch whose loss or gradient norm is non-finite makes no step
+                      (parameters and optimizer state unchanged) and is counted in ``*/nonfinite_skipped``.
+  update_metrics      every metric below, from the stages' outputs.
 
 Parameters are jit arguments (``nnx.merge`` inside), so new parameters never cause a recompile.
 
@@ -41,11 +49,15 @@ Metrics (float32 scalars; verl / RAGEN names where they exist):
   update/minibatches_used, update/copied_rows, update/tokens (valid tokens the actor's forward and
   backward ran over: the used rows x ppo_epochs), update/loss_tokens (loss tokens of the used rows),
   update/nonfinite_skipped (actor + critic mini-batches whose step was skipped).
+
+The file runs past ~400 lines because the stages, their typed outputs and the mini-batch loop they share
+are one program, read top to bottom in the order it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -59,6 +71,7 @@ from ragen_jax.rl import advantages as adv_lib
 from ragen_jax.rl import filtering
 from ragen_jax.rl.losses import AGG_MODES, ActorLossConfig, Weighted, accumulate, actor_loss_terms, value_loss
 from ragen_jax.rl.losses import weighted_mean
+from ragen_jax.rl.state import TrainState
 from ragen_jax.rollout.trajectories import Trajectories
 
 ADV_ESTIMATORS = ("gae", "grpo", "rloo")
@@ -199,17 +212,200 @@ def plan_minibatches(row_keep: jax.Array, mini_batch_size: int, key: jax.Array) 
     return MinibatchPlan(src, active, active & (slot >= num_kept), num_kept, num_minibatches)
 
 
+# ------------------------------------------------------------------------------ the stages' outputs
+class Selection(NamedTuple):
+    """The filter's decision and the mini-batch plan (``select_and_plan``).
+
+    rewards f32[G, S]: episode rewards by group; keep bool[G]: kept groups; filter_stats dict[str, f32[]]:
+    ``filtering.filter_metrics`` (RAGEN's filter log); loss_scale f32[]: s; group_weight f32[G]: w_g (ones
+    without soft reweighting); plan: where each of the R slots reads its row.
+    """
+
+    rewards: jax.Array
+    keep: jax.Array
+    filter_stats: dict[str, jax.Array]
+    loss_scale: jax.Array
+    group_weight: jax.Array
+    plan: MinibatchPlan
+
+
+class Batch(NamedTuple):
+    """The R slots the update trains on, slot j holding row ``plan.src[j]`` of the rollout (``gather_batch``).
+
+    tokens int32[R, L]; valid bool[R, L]; mask bool[R, L]: the loss tokens of the active slots (the only
+    tokens a loss, an advantage or a metric reads); sampler_logp f32[R, L]: the rollout's log-probs on the
+    mask, 0 elsewhere; reward_tokens f32[R, L]: the episode reward at the last generated token, 0 on
+    inactive slots; turn_ids int32[R, L]; row_weight f32[R]: w_g * s of the slot's group.
+    """
+
+    tokens: jax.Array
+    valid: jax.Array
+    mask: jax.Array
+    sampler_logp: jax.Array
+    reward_tokens: jax.Array
+    turn_ids: jax.Array
+    row_weight: jax.Array
+
+
+class Scores(NamedTuple):
+    """The forward-only pass over the used slots (``score``); each f32[R, L], 0 off the mask.
+
+    old_logp: log pi_old(a_t | s_t), the PPO ratio's denominator (the sampler's, or recomputed);
+    ref_logp: log pi_ref(a_t | s_t) (None without the KL loss); values: V(s_t) (None without a critic).
+    """
+
+    old_logp: jax.Array
+    ref_logp: jax.Array | None
+    values: jax.Array | None
+
+
+class Advantages(NamedTuple):
+    """adv f32[R, L]: A * w_g * s on the mask, 0 elsewhere; returns f32[R, L]: GAE's value targets
+    A_gae + V (None for GRPO / RLOO)."""
+
+    adv: jax.Array
+    returns: jax.Array | None
+
+
 class UpdateResult(NamedTuple):
-    actor_params: Any
-    critic_params: Any
-    actor_opt_state: Any
-    critic_opt_state: Any
+    """What the step returns: the new ``TrainState`` (actor, critic and their optimizer states updated; ref
+    and mi_ema the same objects) and the metrics (dict[str, f32[]])."""
+
+    state: TrainState
     metrics: dict[str, jax.Array]
 
 
-def _to_slots(x: jax.Array, n_slots: int) -> jax.Array:
-    """[R, ...] -> [R / mb, mb, ...]"""
-    return x.reshape(n_slots, x.shape[0] // n_slots, *x.shape[1:])
+# ------------------------------------------------------------------------------------- the stages
+def select_and_plan(cfg: UpdateConfig, traj: Trajectories, key: jax.Array) -> Selection:
+    """Filter the G groups (SNR-Aware Filtering) and plan the mini-batches of the kept rows.
+
+    score_g = metric(rewards_g) (reward std by default); keep = select_groups(score) (top-p / top-k /
+    top-k-abs / min-p); s = loss_scale(K_groups / G); w_g = soft reweight of std_g (or 1);
+    plan = kept rows first, copy-padded to ceil(K / mb) * mb slots (``plan_minibatches``, random ``key``).
+    traj: R = G * group_size rows, group-major.
+    """
+    n_groups = traj.episode_reward.shape[0] // cfg.group_size
+    rewards = traj.episode_reward.astype(jnp.float32).reshape(n_groups, cfg.group_size)
+    scores = filtering.group_scores(rewards, cfg.filter_metric)
+    keep = filtering.select_groups(
+        scores, cfg.filter_strategy, cfg.filter_value, cfg.filter_top_p_mode, cfg.filter_include_zero,
+        cfg.filter_eps, cfg.filter_largest,
+    )
+    stats = filtering.filter_metrics(rewards, scores, keep)
+    loss_scale = filtering.filter_loss_scale(stats["filter_kept_ratio"], cfg.loss_scaling)
+    if cfg.soft_reweight:
+        group_weight = filtering.soft_reweight_weights(adv_lib.grpo_group_std(rewards), keep)
+    else:
+        group_weight = jnp.ones(n_groups, jnp.float32)
+    plan = plan_minibatches(jnp.repeat(keep, cfg.group_size), cfg.mini_batch_size, key)
+    return Selection(rewards, keep, stats, loss_scale, group_weight, plan)
+
+
+def gather_batch(cfg: UpdateConfig, traj: Trajectories, sel: Selection) -> Batch:
+    """Slot j <- row src[j] for every per-row field; mask = loss_mask[src] & active; row_weight =
+    w[group of src] * s. Filtered-out rows reach no later stage (they are never gathered)."""
+    plan = sel.plan
+    take = lambda x: jnp.take(x, plan.src, axis=0)  # noqa: E731  [R, ...] -> [R, ...] in slot order
+    mask = take(traj.loss_mask).astype(bool) & plan.active[:, None]
+    return Batch(
+        tokens=take(traj.tokens),
+        valid=take(traj.valid).astype(bool),
+        mask=mask,
+        sampler_logp=jnp.where(mask, take(traj.logprobs), 0.0),
+        reward_tokens=jnp.where(plan.active[:, None], take(traj.reward_tokens), 0.0),
+        turn_ids=take(traj.turn_ids),
+        row_weight=take(jnp.repeat(sel.group_weight, cfg.group_size)) * sel.loss_scale,
+    )
+
+
+def score(cfg: UpdateConfig, actor_graphdef, critic_graphdef, state: TrainState, batch: Batch,
+          n_used: jax.Array) -> Scores:
+    """Old log-probs (the sampler's, or log pi_actor(a_t | s_t) with ``recompute_old_logprobs``), reference
+    log-probs log pi_ref (KL loss) and values V(s_t) (GAE), masked to the loss tokens.
+
+    Forward only, micro-batch by micro-batch over the first ``n_used`` (int32[]) mini-batch slots; the
+    other slots cost nothing (``lax.cond``).
+    """
+    forward = _score_forward(cfg, actor_graphdef, critic_graphdef, state, batch, n_used)
+    on_mask = lambda x: jnp.where(batch.mask, x, 0.0)  # noqa: E731
+    return Scores(
+        old_logp=on_mask(forward["old_logp"]) if cfg.recompute_old_logprobs else batch.sampler_logp,
+        ref_logp=on_mask(forward["ref_logp"]) if cfg.actor_loss.use_kl_loss else None,
+        values=on_mask(forward["values"]) if cfg.use_critic else None,
+    )
+
+
+def compute_advantages(cfg: UpdateConfig, sel: Selection, batch: Batch, scores: Scores) -> Advantages:
+    """A on the slots' loss tokens, then A <- A * w_g * s (RAGEN: reweight after the estimator).
+
+    gae:  delta_t = r_t + gamma V_{t+1} - V_t, A_t = sum_k (gamma lam)^k delta_{t+k} over loss tokens,
+          returns = A + V, A whitened over the used slots' loss tokens (bi-level: per turn, then across
+          turns with ``high_level_gamma``); rl/advantages.py.
+    grpo: A_i = (R_i - mean_g) / (std_g + eps) (Dr.GRPO without the std); rloo: A_i = R_i - mean_{g, -i};
+          from the [G, S] rewards, gathered to the slots and broadcast over the sequence's loss tokens.
+    """
+    if cfg.use_critic:
+        if cfg.bi_level_gae:
+            ends = _turn_end_mask(batch.mask, batch.turn_ids)
+            adv, returns = adv_lib.bilevel_gae_advantages(
+                batch.reward_tokens, scores.values, batch.mask, ends, cfg.gamma, cfg.lam, cfg.high_level_gamma)
+        else:
+            adv, returns = adv_lib.gae_advantages(batch.reward_tokens, scores.values, batch.mask, cfg.gamma, cfg.lam)
+    else:
+        if cfg.adv_estimator == "grpo":
+            seq_adv = adv_lib.grpo_advantages(sel.rewards, cfg.norm_adv_by_std)
+        else:
+            seq_adv = adv_lib.rloo_advantages(sel.rewards)
+        adv = adv_lib.broadcast_to_tokens(jnp.take(seq_adv.reshape(-1), sel.plan.src, axis=0), batch.mask)
+        returns = None
+    return Advantages(jnp.where(batch.mask, adv * batch.row_weight[:, None], 0.0), returns)
+
+
+def update_critic(cfg: UpdateConfig, graphdef, tx: optax.GradientTransformation, params, opt_state, batch: Batch,
+                  scores: Scores, advantages: Advantages, n_used: jax.Array):
+    """``ppo_epochs`` passes of the clipped value loss over the used mini-batches (verl ``compute_value_loss``):
+    L_V = agg(max((V - R)^2, (clip(V, V_old +- value_clip) - R)^2)) / 2. Returns (params, opt_state, stats)
+    (stats: ``_minibatch_loop``'s)."""
+    inputs = {"tokens": batch.tokens, "valid": batch.valid, "mask": batch.mask, "old_values": scores.values,
+              "returns": advantages.returns}
+    return _minibatch_loop(functools.partial(_critic_micro_loss, cfg, graphdef), tx, params, opt_state,
+                           _slots(inputs, cfg.mini_batch_size), n_used, cfg.ppo_epochs, cfg.micro_batch_size)
+
+
+def update_actor(cfg: UpdateConfig, graphdef, tx: optax.GradientTransformation, params, opt_state, batch: Batch,
+                 scores: Scores, advantages: Advantages, n_used: jax.Array):
+    """``ppo_epochs`` passes of the actor loss over the used mini-batches: PPO clip (clip-higher, dual clip)
+    - c_H agg(H) + c_KL agg(KL(pi || pi_ref)) (rl/losses.py). Returns (params, opt_state, stats)."""
+    inputs = {"tokens": batch.tokens, "valid": batch.valid, "mask": batch.mask, "old_logp": scores.old_logp,
+              "adv": advantages.adv}
+    if cfg.actor_loss.use_kl_loss:
+        inputs["ref_logp"] = scores.ref_logp
+    return _minibatch_loop(functools.partial(_actor_micro_loss, cfg, graphdef), tx, params, opt_state,
+                           _slots(inputs, cfg.mini_batch_size), n_used, cfg.ppo_epochs, cfg.micro_batch_size)
+
+
+def update_metrics(cfg: UpdateConfig, sel: Selection, batch: Batch, scores: Scores, advantages: Advantages,
+                   actor_stats: dict, critic_stats: dict | None, state: TrainState) -> dict[str, jax.Array]:
+    """The metrics of the module docstring (every value f32[]) from the stages' outputs and the new state
+    (its optimizer states hold the learning rates)."""
+    metrics = _filter_metrics(cfg, sel)
+    metrics.update(_batch_metrics(cfg, sel, batch, actor_stats, critic_stats))
+    if cfg.recompute_old_logprobs:
+        gap = jnp.where(batch.mask, jnp.abs(batch.sampler_logp - scores.old_logp), 0.0)  # |sampler - forward|
+        metrics["actor/old_logprob_diff_max"] = jnp.max(gap)
+        metrics["actor/old_logprob_diff_mean"] = adv_lib.masked_mean(gap, batch.mask)
+    stats = adv_lib.advantage_stats(advantages.adv, batch.mask)
+    metrics.update({f"critic/advantages/{k.removeprefix('advantage_')}": v for k, v in stats.items()})
+    if critic_stats is not None:
+        metrics.update(_critic_metrics(critic_stats, state.critic_opt, batch, scores, advantages))
+    metrics.update(_actor_metrics(actor_stats, state.actor_opt))
+    return {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+
+# --------------------------------------------------------------------------------- stage helpers
+def _slots(tree: dict, mini_batch_size: int) -> dict:
+    """Leaves [R, ...] -> [R / mb, mb, ...] (one entry per mini-batch slot)."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // mini_batch_size, mini_batch_size, *x.shape[1:]), tree)
 
 
 def _to_micro(tree, micro: int):
@@ -217,27 +413,218 @@ def _to_micro(tree, micro: int):
     return jax.tree.map(lambda x: x.reshape(x.shape[0] // micro, micro, *x.shape[1:]), tree)
 
 
+def _score_forward(cfg: UpdateConfig, actor_graphdef, critic_graphdef, state: TrainState, batch: Batch,
+                   n_used: jax.Array) -> dict[str, jax.Array]:
+    """{"old_logp", "ref_logp", "values"} (those the config needs), each f32[R, L]; zeros in unused slots."""
+    wanted = [name for name, on in (("old_logp", cfg.recompute_old_logprobs),
+                                    ("ref_logp", cfg.actor_loss.use_kl_loss), ("values", cfg.use_critic)) if on]
+    if not wanted:
+        return {}
+
+    def score_micro(mb):
+        out = {}
+        if "old_logp" in wanted:
+            model = nnx.merge(actor_graphdef, state.actor)
+            out["old_logp"] = sequence_logprobs(model, mb["tokens"], mb["valid"], cfg.temperature,
+                                                cfg.logprob_chunk)[0]
+        if "ref_logp" in wanted:
+            ref = nnx.merge(actor_graphdef, state.ref)
+            out["ref_logp"] = sequence_logprobs(ref, mb["tokens"], mb["valid"], cfg.temperature,
+                                                cfg.logprob_chunk)[0]
+        if "values" in wanted:
+            critic = nnx.merge(critic_graphdef, state.critic)
+            out["values"] = critic(mb["tokens"], mb["valid"])
+        return out
+
+    inputs = _slots({"tokens": batch.tokens, "valid": batch.valid}, cfg.mini_batch_size)
+    mb_size = cfg.mini_batch_size
+
+    def score_slot(index, slot):
+        def run():
+            out = jax.lax.map(score_micro, _to_micro(slot, cfg.micro_batch_size))
+            return jax.tree.map(lambda x: x.reshape(mb_size, *x.shape[2:]), out)
+
+        zeros = {k: jnp.zeros(slot["tokens"].shape, jnp.float32) for k in wanted}
+        return jax.lax.cond(index < n_used, run, lambda: zeros)
+
+    out = jax.lax.map(lambda xs: score_slot(*xs), (jnp.arange(inputs["tokens"].shape[0]), inputs))
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+
+def _turn_end_mask(loss_mask: jax.Array, turn_ids: jax.Array) -> jax.Array:
+    """bool[B, L]: loss tokens whose next position is not a loss token of the same turn."""
+    next_loss = jnp.concatenate([loss_mask[:, 1:], jnp.zeros_like(loss_mask[:, :1])], axis=1)
+    next_turn = jnp.concatenate([turn_ids[:, 1:], jnp.full_like(turn_ids[:, :1], -1)], axis=1)
+    return loss_mask & ~(next_loss & (next_turn == turn_ids))
+
+
+def _actor_micro_loss(cfg: UpdateConfig, graphdef, params, mb):
+    """Sum-form actor loss of one micro-batch: L_pg - c_H agg(H) + c_KL agg(KL), as sums."""
+    model = nnx.merge(graphdef, params)
+    logp, entropy = sequence_logprobs(model, mb["tokens"], mb["valid"], cfg.temperature, cfg.logprob_chunk)
+    terms, aux = actor_loss_terms(logp, entropy, mb["old_logp"], mb["adv"], mb["mask"], cfg.actor_loss,
+                                  mb.get("ref_logp"))
+    total = terms["task"].sum + terms["entropy"].sum + terms["kl"].sum
+    count = terms["task"].count
+    kl = aux.get("kl", Weighted(jnp.zeros(()), count))
+    per_mb = {
+        "pg_loss": terms["task"],
+        "entropy_loss": terms["entropy"],
+        "kl_loss": Weighted(kl.sum, kl.count),
+    }
+    per_token = {k: aux[k] for k in ("entropy", "clipfrac", "clipfrac_upper", "clipfrac_lower",
+                                     "clipfrac_dual", "approx_kl")}
+    return total, (count, per_mb, per_token)
+
+
+def _critic_micro_loss(cfg: UpdateConfig, graphdef, params, mb):
+    """Sum-form clipped value loss of one micro-batch (verl ``compute_value_loss``)."""
+    critic = nnx.merge(graphdef, params)
+    vpreds = critic(mb["tokens"], mb["valid"])
+    loss, aux = value_loss(vpreds, mb["old_values"], mb["returns"], mb["mask"], cfg.value_clip,
+                           cfg.critic_loss_agg_mode)
+    return loss.sum, (loss.count, {"vf_loss": loss}, aux)
+
+
+def _filter_metrics(cfg: UpdateConfig, sel: Selection) -> dict[str, jax.Array]:
+    """rollout/* (RAGEN's filter log) and filter/*."""
+    metrics = {f"rollout/{k}": v for k, v in sel.filter_stats.items()}
+    kept_groups = jnp.sum(sel.keep).astype(jnp.float32)
+    metrics["filter/kept_groups"] = kept_groups
+    metrics["filter/kept_ratio"] = kept_groups / sel.keep.shape[0]
+    metrics["filter/zero_std_groups"] = sel.filter_stats["filter_zero_count"]
+    metrics["filter/kept_rows"] = sel.plan.num_kept.astype(jnp.float32)
+    metrics["filter/empty"] = (sel.plan.num_kept == 0).astype(jnp.float32)
+    metrics["filter/loss_scale"] = sel.loss_scale
+    return metrics
+
+
+def _batch_metrics(cfg: UpdateConfig, sel: Selection, batch: Batch, actor_stats: dict,
+                   critic_stats: dict | None) -> dict[str, jax.Array]:
+    """update/*: what the step trained on and how many mini-batch steps it skipped."""
+    plan = sel.plan
+    critic_skipped = jnp.zeros(()) if critic_stats is None else critic_stats["nonfinite"]
+    return {
+        "update/minibatches_used": plan.num_minibatches.astype(jnp.float32),
+        "update/copied_rows": jnp.sum(plan.is_copy).astype(jnp.float32),
+        "update/tokens": jnp.sum(batch.valid & plan.active[:, None]).astype(jnp.float32) * cfg.ppo_epochs,
+        "update/loss_tokens": jnp.sum(batch.mask).astype(jnp.float32),
+        "update/nonfinite_skipped": actor_stats["nonfinite"] + critic_skipped,
+    }
+
+
+def _critic_metrics(stats: dict, opt_state, batch: Batch, scores: Scores,
+                    advantages: Advantages) -> dict[str, jax.Array]:
+    """critic/*: the value loss and its clip fraction over the trained mini-batches, the values and returns."""
+    return {
+        "critic/vf_loss": weighted_mean(stats["per_mb"]["vf_loss"]),
+        "critic/vf_clipfrac": weighted_mean(stats["per_token"]["vf_clipfrac"]),
+        "critic/vpred_mean": weighted_mean(stats["per_token"]["vpred_mean"]),
+        "critic/grad_norm": weighted_mean(stats["grad_norm"]),
+        "critic/lr": learning_rate(opt_state),
+        "critic/values_mean": adv_lib.masked_mean(scores.values, batch.mask),
+        "critic/returns_mean": adv_lib.masked_mean(advantages.returns, batch.mask),
+        "critic/nonfinite_skipped": stats["nonfinite"],
+    }
+
+
+def _actor_metrics(stats: dict, opt_state) -> dict[str, jax.Array]:
+    """actor/*: losses averaged over the trained mini-batches, token-level entropy, clip fractions and KL."""
+    per_mb, per_tok = stats["per_mb"], stats["per_token"]
+    return {
+        "actor/pg_loss": weighted_mean(per_mb["pg_loss"]),
+        "actor/kl_loss": weighted_mean(per_mb["kl_loss"]),
+        "actor/entropy_loss": weighted_mean(per_mb["entropy_loss"]),
+        "actor/entropy": weighted_mean(per_tok["entropy"]),
+        "actor/pg_clipfrac": weighted_mean(per_tok["clipfrac"]),
+        "actor/pg_clipfrac_upper": weighted_mean(per_tok["clipfrac_upper"]),
+        "actor/pg_clipfrac_lower": weighted_mean(per_tok["clipfrac_lower"]),
+        "actor/pg_clipfrac_dual": weighted_mean(per_tok["clipfrac_dual"]),  # verl: pg_clipfrac_lower
+        "actor/ppo_kl": weighted_mean(per_tok["approx_kl"]),
+        "actor/grad_norm": weighted_mean(stats["grad_norm"]),
+        "actor/lr": learning_rate(opt_state),
+        "actor/nonfinite_skipped": stats["nonfinite"],
+    }
+
+
+# ------------------------------------------------------------------------------- the mini-batch loop
+class _LossShapes(NamedTuple):
+    """Abstract shapes of one micro-batch's gradient and its per-mini-batch / per-token loss parts."""
+
+    grads: Any
+    per_mb: Any
+    per_token: Any
+
+
 def _zeros_like_shapes(tree):
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+
+
+def _accumulate_micro(grad_fn: Callable, params, batch: dict, micro: int, shapes: _LossShapes):
+    """Sum over the mini-batch's micro-batches (``lax.scan``) of grad(sum_loss), sum_loss, count and the loss
+    parts. batch leaves [mb, ...]; returns (grads f32 tree, loss_sum f32[], count f32[], per_mb, per_token)."""
+
+    def micro_step(carry, mb):
+        grads_acc, loss_acc, count_acc, per_mb_acc, tok_acc = carry
+        (loss_sum, (count, per_mb, per_tok)), grads = grad_fn(params, mb)
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+        return (grads_acc, loss_acc + loss_sum, count_acc + count, accumulate(per_mb_acc, per_mb),
+                accumulate(tok_acc, per_tok)), None
+
+    # gradients accumulate in float32 whatever the parameter dtype (bf16 sums would drift)
+    grad_zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), shapes.grads)
+    init = (grad_zeros, jnp.zeros(()), jnp.zeros(()), _zeros_like_shapes(shapes.per_mb),
+            _zeros_like_shapes(shapes.per_token))
+    return jax.lax.scan(micro_step, init, _to_micro(batch, micro))[0]
+
+
+def _train_minibatch(grad_fn: Callable, tx: optax.GradientTransformation, params, opt_state, batch: dict,
+                     micro: int, shapes: _LossShapes):
+    """One optimizer step on one mini-batch: grads = sum_micro grad(sum_loss) / sum_micro count, skipped
+    (params and opt_state unchanged, stats zeroed, nonfinite = 1) when the loss or |grads| is non-finite."""
+    grads, loss_sum, count, per_mb, per_tok = _accumulate_micro(grad_fn, params, batch, micro, shapes)
+    inv = jnp.where(count > 0, 1.0 / jnp.where(count > 0, count, 1.0), 0.0)
+    grads = jax.tree.map(lambda g: g * inv, grads)
+    loss = loss_sum * inv
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+    def apply(_):
+        updates, new_opt = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_opt
+
+    params, opt_state = jax.lax.cond(finite, apply, lambda _: (params, opt_state), None)
+    keep = finite.astype(jnp.float32)
+    sanitize = lambda x: jnp.where(finite, x, 0.0)  # noqa: E731
+    stats = {
+        # per mini-batch value sum / count, averaged over the finite mini-batches
+        "per_mb": jax.tree.map(lambda w: Weighted(sanitize(weighted_mean(w)), keep), per_mb,
+                               is_leaf=lambda x: isinstance(x, Weighted)),
+        "per_token": jax.tree.map(sanitize, per_tok),
+        "grad_norm": Weighted(sanitize(grad_norm), keep),
+        "trained": keep,
+        "nonfinite": 1.0 - keep,
+    }
+    return params, opt_state, stats
 
 
 def _minibatch_loop(
     loss_fn: Callable, tx: optax.GradientTransformation, params, opt_state, slots: dict, n_used: jax.Array,
     epochs: int, micro: int,
 ):
-    """``epochs`` passes over the mini-batch slots; slot j trains only when j < n_used.
+    """``epochs`` passes over the mini-batch slots (leaves [n_slots, mb, ...]); slot j trains only when
+    j < n_used.
 
     loss_fn(params, micro_batch) -> (sum_loss f32[], (count f32[], per_mb dict[str, Weighted],
-    per_token dict[str, Weighted])). Per mini-batch: grads = sum_micro grad(sum_loss) / sum_micro count
-    (= the gradient of the mini-batch loss), one optimizer step unless loss or grads are non-finite.
-    Returns (params, opt_state, metrics): per_mb entries are averaged over the trained mini-batches,
-    per_token entries are (sum, count) accumulated over everything trained, plus grad_norm, and the
-    counts of trained / non-finite mini-batches.
+    per_token dict[str, Weighted])). Per mini-batch: ``_train_minibatch``. Returns (params, opt_state,
+    stats): per_mb entries are averaged over the trained mini-batches, per_token entries are (sum, count)
+    accumulated over everything trained, plus grad_norm, and the counts of trained / non-finite
+    mini-batches.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     first_micro = jax.tree.map(lambda x: x[0, :micro], slots)
-    out_shapes = jax.eval_shape(grad_fn, params, first_micro)
-    (_, (_, mb_shape, tok_shape)), grad_shape = out_shapes
+    (_, (_, mb_shape, tok_shape)), grad_shape = jax.eval_shape(grad_fn, params, first_micro)
+    shapes = _LossShapes(grad_shape, mb_shape, tok_shape)
     zero_mb = jax.tree.map(lambda _: Weighted(jnp.zeros(()), jnp.zeros(())), mb_shape,
                            is_leaf=lambda x: isinstance(x, Weighted))
     zero_stats = {
@@ -246,49 +633,12 @@ def _minibatch_loop(
         "nonfinite": jnp.zeros(()),
     }
 
-    def train_one(params, opt_state, batch):
-        def micro_step(carry, mb):
-            grads_acc, loss_acc, count_acc, per_mb_acc, tok_acc = carry
-            (loss_sum, (count, per_mb, per_tok)), grads = grad_fn(params, mb)
-            grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
-            return (grads_acc, loss_acc + loss_sum, count_acc + count, accumulate(per_mb_acc, per_mb),
-                    accumulate(tok_acc, per_tok)), None
-
-        # gradients accumulate in float32 whatever the parameter dtype (bf16 sums would drift)
-        grad_zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), grad_shape)
-        init = (grad_zeros, jnp.zeros(()), jnp.zeros(()), _zeros_like_shapes(mb_shape),
-                _zeros_like_shapes(tok_shape))
-        (grads, loss_sum, count, per_mb, per_tok), _ = jax.lax.scan(micro_step, init, _to_micro(batch, micro))
-        inv = jnp.where(count > 0, 1.0 / jnp.where(count > 0, count, 1.0), 0.0)
-        grads = jax.tree.map(lambda g: g * inv, grads)
-        loss = loss_sum * inv
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-        def apply(_):
-            updates, new_opt = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), new_opt
-
-        params, opt_state = jax.lax.cond(finite, apply, lambda _: (params, opt_state), None)
-        keep = finite.astype(jnp.float32)
-        sanitize = lambda x: jnp.where(finite, x, 0.0)
-        stats = {
-            # per mini-batch value sum / count, averaged over the finite mini-batches
-            "per_mb": jax.tree.map(lambda w: Weighted(sanitize(weighted_mean(w)), keep), per_mb,
-                                   is_leaf=lambda x: isinstance(x, Weighted)),
-            "per_token": jax.tree.map(sanitize, per_tok),
-            "grad_norm": Weighted(sanitize(grad_norm), keep),
-            "trained": keep,
-            "nonfinite": 1.0 - keep,
-        }
-        return params, opt_state, stats
-
     def slot_step(carry, xs):
         params, opt_state, acc = carry
         index, batch = xs
         params, opt_state, stats = jax.lax.cond(
             index < n_used,
-            lambda: train_one(params, opt_state, batch),
+            lambda: _train_minibatch(grad_fn, tx, params, opt_state, batch, micro, shapes),
             lambda: (params, opt_state, zero_stats),
         )
         return (params, opt_state, accumulate(acc, stats)), None
@@ -301,16 +651,13 @@ def _minibatch_loop(
     return params, opt_state, acc
 
 
-def _turn_end_mask(loss_mask: jax.Array, turn_ids: jax.Array) -> jax.Array:
-    """bool[B, L]: loss tokens whose next position is not a loss token of the same turn."""
-    next_loss = jnp.concatenate([loss_mask[:, 1:], jnp.zeros_like(loss_mask[:, :1])], axis=1)
-    next_turn = jnp.concatenate([turn_ids[:, 1:], jnp.full_like(turn_ids[:, :1], -1)], axis=1)
-    return loss_mask & ~(next_loss & (next_turn == turn_ids))
-
-
+# ---------------------------------------------------------------------------------- the jitted step
 class UpdateStep:
-    """The jitted update; call as ``step(actor_params, critic_params, actor_opt_state, critic_opt_state,
-    ref_params, traj, key) -> UpdateResult``. ``traces`` counts how often the body was traced."""
+    """The jitted update; call as ``step(state, traj, key) -> UpdateResult(state, metrics)`` (``state`` a
+    ``TrainState`` whose trained part is donated). ``program`` is the jitted function itself,
+    ``program(trained, ref, traj, key) -> (trained, metrics)`` (trained = ``state.trained()``, donated): the
+    reference parameters and the MI state stay out of its outputs, so they are never copied or donated.
+    ``traces`` counts how often the body was traced."""
 
     def __init__(self, actor_graphdef, critic_graphdef, config: UpdateConfig, actor_tx, critic_tx):
         self.actor_graphdef = actor_graphdef
@@ -319,14 +666,33 @@ class UpdateStep:
         self.actor_tx = actor_tx
         self.critic_tx = critic_tx
         self.traces = 0
-        self._jitted = jax.jit(self._step, donate_argnums=(0, 1, 2, 3))
+        self.program = jax.jit(self._step, donate_argnums=0)
 
-    def __call__(self, actor_params, critic_params, actor_opt_state, critic_opt_state, ref_params,
-                 traj: Trajectories, key: jax.Array) -> UpdateResult:
-        return self._jitted(actor_params, critic_params, actor_opt_state, critic_opt_state, ref_params, traj, key)
+    def __call__(self, state: TrainState, traj: Trajectories, key: jax.Array) -> UpdateResult:
+        trained, metrics = self.program(state.trained(), state.ref, traj, key)
+        return UpdateResult(state.replace(**trained), metrics)
 
-    # ------------------------------------------------------------------------------------------------
-    def _check(self, critic_params, critic_opt_state, ref_params, traj: Trajectories) -> tuple[int, int]:
+    def _step(self, trained: dict, ref, traj: Trajectories, key: jax.Array) -> tuple[dict, dict[str, jax.Array]]:
+        """The stages in order; trained: ``TrainState.trained()``, ref: the reference parameters or None."""
+        self.traces += 1  # Python side effect: runs once per trace, never at run time
+        cfg = self.config
+        state = TrainState(**trained, ref=ref)
+        self._check(state, traj)
+        sel = select_and_plan(cfg, traj, key)
+        batch = gather_batch(cfg, traj, sel)
+        n_used = sel.plan.num_minibatches
+        scores = score(cfg, self.actor_graphdef, self.critic_graphdef, state, batch, n_used)
+        advantages = compute_advantages(cfg, sel, batch, scores)
+        critic, critic_opt, critic_stats = state.critic, state.critic_opt, None
+        if cfg.use_critic:
+            critic, critic_opt, critic_stats = update_critic(
+                cfg, self.critic_graphdef, self.critic_tx, critic, critic_opt, batch, scores, advantages, n_used)
+        actor, actor_opt, actor_stats = update_actor(
+            cfg, self.actor_graphdef, self.actor_tx, state.actor, state.actor_opt, batch, scores, advantages, n_used)
+        state = state.replace(actor=actor, critic=critic, actor_opt=actor_opt, critic_opt=critic_opt)
+        return state.trained(), update_metrics(cfg, sel, batch, scores, advantages, actor_stats, critic_stats, state)
+
+    def _check(self, state: TrainState, traj: Trajectories) -> None:
         cfg = self.config
         rows = traj.tokens.shape[0]
         if rows % cfg.group_size:
@@ -339,206 +705,14 @@ class UpdateStep:
                 f"the batch has {rows} rows, not a multiple of algorithm.mini_batch_size "
                 f"{cfg.mini_batch_size}; pick a mini-batch size that divides n_groups * group_size."
             )
-        if cfg.actor_loss.use_kl_loss and ref_params is None:
-            raise ValueError("algorithm.use_kl_loss=True needs ref_params (the reference policy's parameters).")
-        if cfg.use_critic and (critic_params is None or critic_opt_state is None):
+        if cfg.actor_loss.use_kl_loss and state.ref is None:
+            raise ValueError("algorithm.use_kl_loss=True needs ref_params (the reference policy's parameters, "
+                             "TrainState.ref).")
+        if cfg.use_critic and (state.critic is None or state.critic_opt is None):
             raise ValueError(
-                "adv_estimator='gae' needs critic_params and critic_opt_state (build a Critic, e.g. "
-                "Critic.from_actor, and critic_tx.init(critic_params))."
+                "adv_estimator='gae' needs critic_params and critic_opt_state in the TrainState (build a Critic, "
+                "e.g. Critic.from_actor, and critic_tx.init(critic_params))."
             )
-        return rows // cfg.group_size, rows // cfg.mini_batch_size
-
-    def _score(self, actor_params, critic_params, ref_params, slots, n_used):
-        """Forward-only pass over the used slots: recomputed old log-probs, reference log-probs, values."""
-        cfg = self.config
-        wanted = []
-        if cfg.recompute_old_logprobs:
-            wanted.append("old_logp")
-        if cfg.actor_loss.use_kl_loss:
-            wanted.append("ref_logp")
-        if cfg.use_critic:
-            wanted.append("values")
-        if not wanted:
-            return {}
-
-        def score_micro(mb):
-            out = {}
-            if "old_logp" in wanted:
-                model = nnx.merge(self.actor_graphdef, actor_params)
-                out["old_logp"] = sequence_logprobs(model, mb["tokens"], mb["valid"], cfg.temperature,
-                                                    cfg.logprob_chunk)[0]
-            if "ref_logp" in wanted:
-                ref = nnx.merge(self.actor_graphdef, ref_params)
-                out["ref_logp"] = sequence_logprobs(ref, mb["tokens"], mb["valid"], cfg.temperature,
-                                                    cfg.logprob_chunk)[0]
-            if "values" in wanted:
-                critic = nnx.merge(self.critic_graphdef, critic_params)
-                out["values"] = critic(mb["tokens"], mb["valid"])
-            return out
-
-        inputs = {"tokens": slots["tokens"], "valid": slots["valid"]}
-        mb_size = inputs["tokens"].shape[1]
-
-        def score_slot(index, batch):
-            def run():
-                out = jax.lax.map(score_micro, _to_micro(batch, cfg.micro_batch_size))
-                return jax.tree.map(lambda x: x.reshape(mb_size, *x.shape[2:]), out)
-
-            zeros = {k: jnp.zeros(batch["tokens"].shape, jnp.float32) for k in wanted}
-            return jax.lax.cond(index < n_used, run, lambda: zeros)
-
-        out = jax.lax.map(lambda xs: score_slot(*xs), (jnp.arange(inputs["tokens"].shape[0]), inputs))
-        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
-
-    def _step(self, actor_params, critic_params, actor_opt_state, critic_opt_state, ref_params, traj, key):
-        self.traces += 1  # Python side effect: runs once per trace, never at run time
-        cfg = self.config
-        n_groups, n_slots = self._check(critic_params, critic_opt_state, ref_params, traj)
-        metrics: dict[str, jax.Array] = {}
-
-        # a. filter -----------------------------------------------------------------------------
-        rewards = traj.episode_reward.astype(jnp.float32).reshape(n_groups, cfg.group_size)
-        scores = filtering.group_scores(rewards, cfg.filter_metric)
-        keep = filtering.select_groups(
-            scores, cfg.filter_strategy, cfg.filter_value, cfg.filter_top_p_mode, cfg.filter_include_zero,
-            cfg.filter_eps, cfg.filter_largest,
-        )
-        fm = filtering.filter_metrics(rewards, scores, keep)
-        metrics.update({f"rollout/{k}": v for k, v in fm.items()})
-        loss_scale = filtering.filter_loss_scale(fm["filter_kept_ratio"], cfg.loss_scaling)
-        if cfg.soft_reweight:
-            group_weight = filtering.soft_reweight_weights(adv_lib.grpo_group_std(rewards), keep)
-        else:
-            group_weight = jnp.ones(n_groups, jnp.float32)
-
-        # b. gather kept rows to the front and copy-pad -----------------------------------------
-        row_keep = jnp.repeat(keep, cfg.group_size)
-        plan = plan_minibatches(row_keep, cfg.mini_batch_size, key)
-        take = lambda x: jnp.take(x, plan.src, axis=0)
-        tokens, valid = take(traj.tokens), take(traj.valid).astype(bool)
-        token_mask = take(traj.loss_mask).astype(bool) & plan.active[:, None]
-        row_weight = take(jnp.repeat(group_weight, cfg.group_size)) * loss_scale
-
-        # c. score ------------------------------------------------------------------------------
-        to_slots = lambda x: _to_slots(x, n_slots)
-        scored = self._score(actor_params, critic_params, ref_params,
-                             {"tokens": to_slots(tokens), "valid": to_slots(valid)}, plan.num_minibatches)
-        sampler_logp = jnp.where(token_mask, take(traj.logprobs), 0.0)
-        if cfg.recompute_old_logprobs:
-            old_logp = jnp.where(token_mask, scored["old_logp"], 0.0)
-            gap = jnp.where(token_mask, jnp.abs(sampler_logp - old_logp), 0.0)
-            metrics["actor/old_logprob_diff_max"] = jnp.max(gap)
-            metrics["actor/old_logprob_diff_mean"] = adv_lib.masked_mean(gap, token_mask)
-        else:
-            old_logp = sampler_logp
-
-        # d. advantages ---------------------------------------------------------------------------
-        if cfg.use_critic:
-            values = jnp.where(token_mask, scored["values"], 0.0)
-            token_rewards = jnp.where(plan.active[:, None], take(traj.reward_tokens), 0.0)
-            if cfg.bi_level_gae:
-                ends = _turn_end_mask(token_mask, take(traj.turn_ids))
-                adv, returns = adv_lib.bilevel_gae_advantages(
-                    token_rewards, values, token_mask, ends, cfg.gamma, cfg.lam, cfg.high_level_gamma)
-            else:
-                adv, returns = adv_lib.gae_advantages(token_rewards, values, token_mask, cfg.gamma, cfg.lam)
-        else:
-            if cfg.adv_estimator == "grpo":
-                seq_adv = adv_lib.grpo_advantages(rewards, cfg.norm_adv_by_std)
-            else:
-                seq_adv = adv_lib.rloo_advantages(rewards)
-            adv = adv_lib.broadcast_to_tokens(take(seq_adv.reshape(-1)), token_mask)
-        adv = jnp.where(token_mask, adv * row_weight[:, None], 0.0)
-        stats = adv_lib.advantage_stats(adv, token_mask)
-        metrics.update({f"critic/advantages/{k.removeprefix('advantage_')}": v for k, v in stats.items()})
-
-        # e/f. critic then actor --------------------------------------------------------------------
-        common = {"tokens": tokens, "valid": valid, "mask": token_mask}
-        micro = cfg.micro_batch_size
-        if cfg.use_critic:
-            critic_slots = jax.tree.map(to_slots, {**common, "old_values": values, "returns": returns})
-            critic_params, critic_opt_state, cstats = _minibatch_loop(
-                self._critic_loss, self.critic_tx, critic_params, critic_opt_state, critic_slots,
-                plan.num_minibatches, cfg.ppo_epochs, micro)
-            metrics["critic/vf_loss"] = weighted_mean(cstats["per_mb"]["vf_loss"])
-            metrics["critic/vf_clipfrac"] = weighted_mean(cstats["per_token"]["vf_clipfrac"])
-            metrics["critic/vpred_mean"] = weighted_mean(cstats["per_token"]["vpred_mean"])
-            metrics["critic/grad_norm"] = weighted_mean(cstats["grad_norm"])
-            metrics["critic/lr"] = learning_rate(critic_opt_state)
-            metrics["critic/values_mean"] = adv_lib.masked_mean(values, token_mask)
-            metrics["critic/returns_mean"] = adv_lib.masked_mean(returns, token_mask)
-            metrics["critic/nonfinite_skipped"] = cstats["nonfinite"]
-            critic_skipped = cstats["nonfinite"]
-        else:
-            critic_skipped = jnp.zeros(())
-
-        actor_inputs = {**common, "old_logp": old_logp, "adv": adv}
-        if cfg.actor_loss.use_kl_loss:
-            actor_inputs["ref_logp"] = jnp.where(token_mask, scored["ref_logp"], 0.0)
-        actor_params, actor_opt_state, astats = _minibatch_loop(
-            self._actor_loss, self.actor_tx, actor_params, actor_opt_state, jax.tree.map(to_slots, actor_inputs),
-            plan.num_minibatches, cfg.ppo_epochs, micro)
-        per_tok = astats["per_token"]
-        metrics["actor/pg_loss"] = weighted_mean(astats["per_mb"]["pg_loss"])
-        metrics["actor/kl_loss"] = weighted_mean(astats["per_mb"]["kl_loss"])
-        metrics["actor/entropy_loss"] = weighted_mean(astats["per_mb"]["entropy_loss"])
-        metrics["actor/entropy"] = weighted_mean(per_tok["entropy"])
-        metrics["actor/pg_clipfrac"] = weighted_mean(per_tok["clipfrac"])
-        metrics["actor/pg_clipfrac_upper"] = weighted_mean(per_tok["clipfrac_upper"])
-        metrics["actor/pg_clipfrac_lower"] = weighted_mean(per_tok["clipfrac_lower"])
-        metrics["actor/pg_clipfrac_dual"] = weighted_mean(per_tok["clipfrac_dual"])  # verl: pg_clipfrac_lower
-        metrics["actor/ppo_kl"] = weighted_mean(per_tok["approx_kl"])
-        metrics["actor/grad_norm"] = weighted_mean(astats["grad_norm"])
-        metrics["actor/lr"] = learning_rate(actor_opt_state)
-        metrics["actor/nonfinite_skipped"] = astats["nonfinite"]
-
-        # h. batch bookkeeping ------------------------------------------------------------------------
-        kept_groups = jnp.sum(keep).astype(jnp.float32)
-        metrics["filter/kept_groups"] = kept_groups
-        metrics["filter/kept_ratio"] = kept_groups / n_groups
-        metrics["filter/zero_std_groups"] = fm["filter_zero_count"]
-        metrics["filter/kept_rows"] = plan.num_kept.astype(jnp.float32)
-        metrics["filter/empty"] = (plan.num_kept == 0).astype(jnp.float32)
-        metrics["filter/loss_scale"] = loss_scale
-        metrics["rollout/in_group_reward_std"] = fm["in_group_reward_std"]
-        metrics["rollout/chosen_in_group_reward_std"] = fm["chosen_in_group_reward_std"]
-        metrics["update/minibatches_used"] = plan.num_minibatches.astype(jnp.float32)
-        metrics["update/copied_rows"] = jnp.sum(plan.is_copy).astype(jnp.float32)
-        active_valid = valid & plan.active[:, None]
-        metrics["update/tokens"] = jnp.sum(active_valid).astype(jnp.float32) * cfg.ppo_epochs
-        metrics["update/loss_tokens"] = jnp.sum(token_mask).astype(jnp.float32)
-        metrics["update/nonfinite_skipped"] = astats["nonfinite"] + critic_skipped
-        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
-        return UpdateResult(actor_params, critic_params, actor_opt_state, critic_opt_state, metrics)
-
-    # ------------------------------------------------------------------------------------------------
-    def _actor_loss(self, params, mb):
-        """Sum-form actor loss of one micro-batch: L_pg - c_H agg(H) + c_KL agg(KL), as sums."""
-        cfg = self.config
-        model = nnx.merge(self.actor_graphdef, params)
-        logp, entropy = sequence_logprobs(model, mb["tokens"], mb["valid"], cfg.temperature, cfg.logprob_chunk)
-        terms, aux = actor_loss_terms(logp, entropy, mb["old_logp"], mb["adv"], mb["mask"], cfg.actor_loss,
-                                      mb.get("ref_logp"))
-        total = terms["task"].sum + terms["entropy"].sum + terms["kl"].sum
-        count = terms["task"].count
-        kl = aux.get("kl", Weighted(jnp.zeros(()), count))
-        per_mb = {
-            "pg_loss": terms["task"],
-            "entropy_loss": terms["entropy"],
-            "kl_loss": Weighted(kl.sum, kl.count),
-        }
-        per_token = {k: aux[k] for k in ("entropy", "clipfrac", "clipfrac_upper", "clipfrac_lower",
-                                         "clipfrac_dual", "approx_kl")}
-        return total, (count, per_mb, per_token)
-
-    def _critic_loss(self, params, mb):
-        """Sum-form clipped value loss of one micro-batch (verl ``compute_value_loss``)."""
-        cfg = self.config
-        critic = nnx.merge(self.critic_graphdef, params)
-        vpreds = critic(mb["tokens"], mb["valid"])
-        loss, aux = value_loss(vpreds, mb["old_values"], mb["returns"], mb["mask"], cfg.value_clip,
-                               cfg.critic_loss_agg_mode)
-        return loss.sum, (loss.count, {"vf_loss": loss}, aux)
 
 
 def make_update_step(
@@ -548,17 +722,17 @@ def make_update_step(
     actor_tx: optax.GradientTransformation,
     critic_tx: optax.GradientTransformation | None,
 ) -> UpdateStep:
-    """Build the jitted update step (see the module docstring for what it does, in order).
+    """Build the jitted update step (see the module docstring for its stages, in order).
 
     actor_graphdef / critic_graphdef: from ``nnx.split(model)`` (a module is accepted and split);
     critic_graphdef and critic_tx are required when ``update_config.adv_estimator == 'gae'`` and
-    ignored otherwise. The returned ``UpdateStep`` is called as
-        step(actor_params, critic_params, actor_opt_state, critic_opt_state, ref_params, traj, key)
-    with params = the ``nnx.State`` halves of ``nnx.split``, opt states from ``tx.init(params)``,
-    ref_params the reference policy's state (or None when the KL loss is off), traj a ``Trajectories``
-    of R = G * group_size rows (R a multiple of mini_batch_size) and key a PRNG key (copy-padding).
-    The four state arguments are donated: do not reuse them after the call.
-    Returns ``UpdateResult(actor_params, critic_params, actor_opt_state, critic_opt_state, metrics)``.
+    ignored otherwise. The returned ``UpdateStep`` is called as ``step(state, traj, key)`` with ``state`` a
+    ``TrainState``: actor / critic the ``nnx.State`` halves of ``nnx.split``, actor_opt / critic_opt from
+    ``tx.init(params)`` (critic and critic_opt None without a critic), ref the reference policy's state
+    (None when the KL loss is off), mi_ema passed through; traj a ``Trajectories`` of R = G * group_size
+    rows (R a multiple of mini_batch_size) and key a PRNG key (copy-padding). The trained part of the state
+    (actor, critic, their optimizer states) is donated: use the returned state. Returns
+    ``UpdateResult(state, metrics)``.
     """
     if isinstance(actor_graphdef, nnx.Module):
         actor_graphdef = nnx.split(actor_graphdef)[0]
@@ -572,5 +746,6 @@ def make_update_step(
     return UpdateStep(actor_graphdef, critic_graphdef, update_config, actor_tx, critic_tx)
 
 
-__all__ = ["ADV_ESTIMATORS", "UpdateConfig", "MinibatchPlan", "plan_minibatches", "UpdateResult", "UpdateStep",
-           "make_update_step"]
+__all__ = ["ADV_ESTIMATORS", "UpdateConfig", "MinibatchPlan", "plan_minibatches", "Selection", "Batch", "Scores",
+           "Advantages", "UpdateResult", "select_and_plan", "gather_batch", "score", "compute_advantages",
+           "update_critic", "update_actor", "update_metrics", "UpdateStep", "make_update_step"]

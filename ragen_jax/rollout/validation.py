@@ -2,8 +2,10 @@
 
 RAGEN validates on 512 groups x 1 sample, seeds 123, 124, ..., with sampling at temperature 0.5, every
 ``test_freq`` steps and before training. ``run_validation`` runs ``n_seeds`` seeds x ``group_size``
-samples in chunks of ``seeds_per_batch`` seeds through one compiled rollout (the last chunk is padded
-with extra seeds whose episodes are dropped), and reports ``validation_metrics``.
+samples in chunks of ``seeds_per_batch`` seeds through one compiled rollout (``validation_rollouts``, which
+the training loop's validation uses too; the last chunk is padded with extra seeds whose episodes are
+dropped), and reports ``validation_metrics``. ``episode_metrics`` is the one definition of the
+per-episode means, reported by training rollouts as ``train/*`` and by validation as ``val/*``.
 
 Metrics (over episodes unless stated):
   success             = mean(success)                               (RAGEN val-env/<tag>/success)
@@ -26,6 +28,22 @@ from ragen_jax.rollout.fused import Rollout
 from ragen_jax.rollout.trajectories import Trajectories
 
 
+def episode_metrics(traj: Trajectories) -> dict[str, float]:
+    """The per-episode means a rollout reports, in training (``train/*``) and validation (``val/*``) alike:
+    success, episode_reward, num_actions, num_turns over episodes; valid_action_rate = format_ok turns /
+    played turns; response_length = generated tokens per played turn."""
+    t = traj.to_numpy()
+    played = max(int(t.turn_active.sum()), 1)
+    return {
+        "success": float(t.success.mean()),
+        "episode_reward": float(t.episode_reward.mean()),
+        "num_actions": float(t.num_actions.mean()),
+        "valid_action_rate": float((t.turn_format_ok & t.turn_active).sum() / played),
+        "num_turns": float(t.num_turns.mean()),
+        "response_length": float(t.response_lengths.sum() / played),
+    }
+
+
 def validation_metrics(traj: Trajectories, group_size: int) -> dict[str, float]:
     """The metrics above from one (or concatenated) full-history Trajectories; rows grouped by
     ``group_size`` consecutive rows per seed."""
@@ -34,15 +52,9 @@ def validation_metrics(traj: Trajectories, group_size: int) -> dict[str, float]:
     if rows % group_size:
         raise ValueError(f"{rows} rows are not a whole number of groups of {group_size}")
     success = t.success.astype(np.float64)
-    played = t.turn_active.sum()
     return {
-        "success": float(success.mean()),
+        **episode_metrics(t),
         f"pass@{group_size}": float(success.reshape(-1, group_size).max(axis=1).mean()),
-        "num_actions": float(t.num_actions.mean()),
-        "valid_action_rate": float(t.turn_format_ok.sum() / max(played, 1)),
-        "episode_reward": float(t.episode_reward.mean()),
-        "num_turns": float(t.num_turns.mean()),
-        "response_length": float(t.response_lengths.sum() / max(played, 1)),
         "num_episodes": float(rows),
     }
 
@@ -50,6 +62,21 @@ def validation_metrics(traj: Trajectories, group_size: int) -> dict[str, float]:
 def concat(trajs: list[Trajectories]) -> Trajectories:
     """Row-wise concatenation of numpy Trajectories (same static shapes)."""
     return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *[t.to_numpy() for t in trajs])
+
+
+def validation_rollouts(rollout: Any, params: Any, key: jax.Array, n_seeds: int, temperature: float,
+                        greedy: bool) -> Trajectories:
+    """The (numpy) episodes of seeds ``val_seed + i``, i < n_seeds, x ``group_size`` samples each, through one
+    compiled rollout of ``n_groups`` seeds per call (``rollout.config``): chunk c runs with key
+    ``fold_in(key, c)``; the last chunk is padded with the seeds after them, whose episodes are dropped."""
+    cfg = rollout.config
+    per_batch = cfg.n_groups
+    seeds = cfg.val_seed + np.arange(-(-n_seeds // per_batch) * per_batch, dtype=np.int32)
+    parts = [
+        rollout.run(params, jax.random.fold_in(key, c), chunk, temperature, greedy=greedy).to_numpy()
+        for c, chunk in enumerate(np.split(seeds, len(seeds) // per_batch))
+    ]
+    return jax.tree.map(lambda x: x[: n_seeds * cfg.group_size], concat(parts))
 
 
 def run_validation(
@@ -79,14 +106,5 @@ def run_validation(
     per_batch = min(seeds_per_batch, n_seeds)
     val_config = dataclasses.replace(config, n_groups=per_batch, group_size=group_size)
     rollout = Rollout(model, tokenizer, env, val_config, env_params=env_params)
-    seeds = config.val_seed + np.arange(n_seeds, dtype=np.int32)
-    n_chunks = -(-n_seeds // per_batch)
-    padded = np.concatenate([seeds, seeds[-1] + 1 + np.arange(n_chunks * per_batch - n_seeds, dtype=np.int32)])
-    parts = []
-    for c in range(n_chunks):
-        chunk_key = jax.random.fold_in(key, c)
-        traj = rollout.run(params, chunk_key, padded[c * per_batch:(c + 1) * per_batch], temperature, greedy=greedy)
-        parts.append(traj.to_numpy())
-    trajs = concat(parts)
-    trajs = jax.tree.map(lambda x: x[: n_seeds * group_size], trajs)
+    trajs = validation_rollouts(rollout, params, key, n_seeds, temperature, greedy)
     return validation_metrics(trajs, group_size), trajs

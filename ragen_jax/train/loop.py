@@ -5,8 +5,9 @@ the uninterrupted one exactly:
   1. rollout of n_groups x group_size episodes on env seeds train_seed + (s-1) * n_groups + g;
   2. MI diagnostics at step 1 and every ``mi.every`` steps, on the pre-filter batch, for the
      first-turn and trajectory strategies (``ragen_jax.diagnostics``);
-  3. the fused update (``ragen_jax.rl.update``): filter groups, copy-pad, score, advantages, critic and
-     actor mini-batch updates;
+  3. the fused update (``ragen_jax.rl.update``), ``state, metrics = update_step(state, traj, key)``: its
+     stages select_and_plan (filter the groups, copy-padded mini-batch plan) -> gather_batch -> score ->
+     compute_advantages -> update_critic -> update_actor -> update_metrics;
   4. metrics (JSONL + TensorBoard + progress line), sample conversations, validation every
      ``validation.every`` steps (and before training), early-stopping rules (``early_stop``),
      checkpoints every ``trainer.checkpoint_every`` steps, at the end, at an early stop and on SIGTERM.
@@ -50,10 +51,11 @@ from ragen_jax.diagnostics.mi import init_marginal_std_ema, should_compute_mi
 from ragen_jax.parallel import distributed, sharding
 from ragen_jax.rl.filtering import check_finite_rewards
 from ragen_jax.rl.optim import make_optimizer
+from ragen_jax.rl.state import TrainState
 from ragen_jax.rl.update import UpdateConfig, make_update_step
 from ragen_jax.rollout.fused import Rollout
 from ragen_jax.rollout.layout import RolloutConfig, rollout_config
-from ragen_jax.rollout.validation import concat, validation_metrics
+from ragen_jax.rollout.validation import episode_metrics, validation_metrics, validation_rollouts
 from ragen_jax.setup.build import build_env, build_policy, build_tokenizer
 from ragen_jax.setup.config_check import ConfigError
 from ragen_jax.sft.warm_start import load_warm_start
@@ -155,7 +157,7 @@ def _max_abs(tree) -> float:
     return float(np.asarray(_leaves_max_abs(leaves).addressable_data(0)))
 
 
-def param_scale(state: "TrainState") -> dict[str, float]:
+def param_scale(state: TrainState) -> dict[str, float]:
     """Largest |parameter| of the actor and (when trained) the critic."""
     out = {"actor": _max_abs(state.actor)}
     if state.critic is not None:
@@ -227,26 +229,6 @@ class Run:
     critic_tx: Any
 
 
-@dataclasses.dataclass
-class TrainState:
-    """What a checkpoint holds as arrays (``meta`` holds the rest)."""
-
-    actor: Any
-    critic: Any
-    actor_opt: Any
-    critic_opt: Any
-    ref: Any
-    mi_ema: dict
-
-    def tree(self) -> dict:
-        return {"actor": self.actor, "critic": self.critic, "actor_opt": self.actor_opt,
-                "critic_opt": self.critic_opt, "ref": self.ref, "mi_ema": self.mi_ema}
-
-    @classmethod
-    def from_tree(cls, tree: dict) -> "TrainState":
-        return cls(**tree)
-
-
 def build_run(config) -> tuple[Run, TrainState]:
     tokenizer = build_tokenizer(config)
     env, env_params = build_env(config)
@@ -277,18 +259,13 @@ def build_run(config) -> tuple[Run, TrainState]:
 
 
 def rollout_metrics(traj) -> dict[str, float]:
+    """train/*: the episode means (``rollout.validation.episode_metrics``), the mean sequence length and
+    the number of generated (loss) tokens of the training batch."""
     t = traj.to_numpy()
-    played = max(int(t.turn_active.sum()), 1)
-    return {
-        "train/success": float(t.success.mean()),
-        "train/episode_reward": float(t.episode_reward.mean()),
-        "train/num_actions": float(t.num_actions.mean()),
-        "train/valid_action_rate": float((t.turn_format_ok & t.turn_active).sum() / played),
-        "train/num_turns": float(t.num_turns.mean()),
-        "train/response_length": float(t.response_lengths.sum() / played),
-        "train/sequence_length": float(t.lengths.mean()),
-        "train/generated_tokens": float(t.loss_mask.sum()),
-    }
+    metrics = {f"train/{k}": v for k, v in episode_metrics(t).items()}
+    metrics["train/sequence_length"] = float(t.lengths.mean())
+    metrics["train/generated_tokens"] = float(t.loss_mask.sum())
+    return metrics
 
 
 def mi_diagnostics(run: Run, state: TrainState, traj, key) -> tuple[dict[str, float], dict]:
@@ -319,14 +296,8 @@ def validate(run: Run, params, step: int) -> dict[str, float]:
     """Validation rollouts on seeds validation.seed + i, i < validation.episodes (RAGEN: 512 x 1 from 123)."""
     cfg, r = run.config, run.val_rollout.config
     key = jax.random.fold_in(jax.random.key(cfg.seed + 7919), step)
-    n = cfg.validation.episodes
-    seeds = r.val_seed + np.arange(-(-n // r.n_groups) * r.n_groups, dtype=np.int32)
-    temperature = r.val_temperature
-    parts = [
-        run.val_rollout.run(params, jax.random.fold_in(key, c), chunk, temperature, greedy=r.val_greedy).to_numpy()
-        for c, chunk in enumerate(np.split(seeds, len(seeds) // r.n_groups))
-    ]
-    trajs = jax.tree.map(lambda x: x[:n], concat(parts))
+    trajs = validation_rollouts(run.val_rollout, params, key, cfg.validation.episodes, r.val_temperature,
+                                r.val_greedy)
     return {f"val/{k}": v for k, v in validation_metrics(trajs, group_size=1).items()}
 
 
@@ -376,8 +347,8 @@ def train(config, run_dir: str) -> dict:
                 warning = check_resume_config(config, meta, step) or warning
             fresh = state
             state = TrainState.from_tree(tree)
-            state.actor_opt = with_config_hyperparams(state.actor_opt, fresh.actor_opt)
-            state.critic_opt = with_config_hyperparams(state.critic_opt, fresh.critic_opt)
+            state = state.replace(actor_opt=with_config_hyperparams(state.actor_opt, fresh.actor_opt),
+                                  critic_opt=with_config_hyperparams(state.critic_opt, fresh.critic_opt))
             early = resume_early_stop(config, meta["early_stop"])
             last_good = meta.get("last_good") or {"step": None, "scale": param_scale(state)}
             ckpt.protect(last_good["step"])
@@ -428,16 +399,15 @@ def train(config, run_dir: str) -> dict:
 
             if config.mi.enabled and should_compute_mi(step, config.mi.every) and config.rollout.context_mode == "full":
                 t1 = time.time()
-                mi_metrics, state.mi_ema = mi_diagnostics(run, state, traj, k_mi)
+                mi_metrics, mi_ema = mi_diagnostics(run, state, traj, k_mi)
+                state = state.replace(mi_ema=mi_ema)
                 metrics.update(_block(mi_metrics))
                 metrics["timing/mi_s"] = time.time() - t1
 
             t2 = time.time()
-            result = run.update_step(state.actor, state.critic, state.actor_opt, state.critic_opt, state.ref,
-                                     traj, k_upd)
+            result = run.update_step(state, traj, k_upd)  # filter -> plan -> score -> advantages -> critic, actor
             _block(result.metrics)
-            state.actor, state.critic = result.actor_params, result.critic_params
-            state.actor_opt, state.critic_opt = result.actor_opt_state, result.critic_opt_state
+            state = result.state
             metrics["timing/update_s"] = time.time() - t2
             metrics.update(result.metrics)
             metrics["timing/step_s"] = time.time() - t0
