@@ -33,6 +33,9 @@ Python would not give):
 
 Finding the action in a response (the regex, tag removal, "||" split and strip) is ``envs/text.py``'s
 job; this module scores the action bytes it yields.
+
+Over 400 lines: one pipeline (tokenize the action, check its numbers, evaluate it exactly with
+overflow detection, score it) whose stages share private array layouts; split, they would export them.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ pieces, but it need not equal ``tokenizer.encode(text)`` for BPE tokenizers (fra
 separately, so merges across fragment boundaries do not happen). Numbers: ``int_items`` (decimal,
 leading minus) and ``fixed_items`` (fixed decimals; value rounded half-to-even in float32, "-" only if
 the rounded value is negative); ``format_fixed`` is the host mirror.
+
+Over 400 lines: the device-side text toolbox (response parsing, answer windows, observation
+writing, number rendering) shared by every env; each function is small and independent.
 """
 
 from __future__ import annotations

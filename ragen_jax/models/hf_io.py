@@ -26,6 +26,9 @@ Parameter dtype: ``load_hf_checkpoint(dtype=None)`` keeps the dtype the tensors 
 or bfloat16; float16 files are widened to float32, which is exact, because the model supports only
 those two); the compute dtype follows the parameter dtype unless ``compute_dtype`` is given.
 ``config_from_hf`` alone (no files) takes the same choice from ``torch_dtype`` / ``dtype`` in config.json.
+
+Over 400 lines: reading and writing one format both ways (config mapping, name mapping, sharded
+safetensors, header checks) share the tables; splitting reader and writer would duplicate them.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ Entry points: ``make_mesh``, ``param_shardings``, ``batch_shardings``, ``cache_s
 ``shard_state``, ``state_shardings``; ``ShardedUpdateStep`` / ``ShardedRollout`` (jitted with declared in/out
 shardings) and ``shard_run(run, state, mesh)``, which puts a ``train.loop.Run`` and its ``rl.state.TrainState``
 on a mesh.
+
+Over 400 lines: the mesh and rules table, then the sharded wrappers of the rollout and the update
+(docs/architecture.md notes moving the wrappers into train/).
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ Compilation. Parameters and temperature are traced arguments (a weight update or
 never recompiles); ``SamplingConfig`` and the filled length ``end`` are static, so each function
 compiles once per (batch, T, end) — in a lock-step rollout, once per turn. ``Sampler.trace_counts``
 counts traces. The sampler state is donated: do not reuse a ``SamplerState`` after passing it in.
+
+Over 400 lines: the sampler's static config, typed state, the two jitted programs (append,
+generate) and the token pickers they inline belong together; the helpers at the end are thin.
 """
 
 from __future__ import annotations

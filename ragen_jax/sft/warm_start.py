@@ -27,6 +27,9 @@ picked up; a directory without ``COMPLETE`` is rebuilt. A complete one whose con
 (a truncated array file, unreadable metrics, a key or format mismatch, non-finite parameters) is
 reported in one line on stderr, moved aside, deleted and rebuilt once. The directory gets the
 process's umask-based permissions, like any directory the user creates.
+
+Over 400 lines: training, validation and the atomic, self-healing cache of one artifact (the warm
+start) share its key and layout.
 """
 
 from __future__ import annotations

@@ -379,9 +379,8 @@ def train(config, run_dir: str) -> dict:
     max_growth = config.trainer.get("max_param_growth", 10.0)
 
     def save(step: int, scale: dict[str, float]) -> None:
-        ckpt.save(step, state.tree(), {"step": step, "early_stop": early.to_json(),
-                                        "seed_counter": run.rollout_cfg.train_seed + step * run.rollout_cfg.n_groups,
-                                        "config": config_snapshot(config), "scale": scale, "last_good": last_good})
+        ckpt.save(step, state.tree(), {"step": step, "early_stop": early.to_json(), "config": config_snapshot(config),
+                                        "scale": scale, "last_good": last_good})
 
     try:
         if start == 1 and config.validation.every > 0:
