@@ -126,18 +126,25 @@ def run_error_line(e: BaseException, run_dir: str) -> tuple[str, int] | None:
 
 
 class _NoBackgroundTracebacks(pylogging.Filter):
-    """Drop the tracebacks orbax logs from its background save threads: the same exception is raised
-    again in the main thread (``wait_until_finished``), where ``run_error_line`` reports a user-fixable
-    one (a full disk) in one line and a bug keeps its traceback."""
+    """Drop the tracebacks of orbax's background save work: logged by orbax from its threads, or by
+    asyncio ("Task exception was never retrieved") when one of orbax's write tasks is collected. The
+    same exception is raised again in the main thread (``wait_until_finished``), where
+    ``run_error_line`` reports a user-fixable one (a full disk) in one line and a bug keeps its
+    traceback."""
 
     def filter(self, record: pylogging.LogRecord) -> bool:
-        return not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname)
+        if not record.exc_info:
+            return True
+        orbax = f"{os.sep}orbax{os.sep}"
+        frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info[2] is not None else []
+        return not (orbax in record.pathname or any(orbax in f.filename for f in frames))
 
 
 def _main(argv: list[str]) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax/JAX INFO lines would drown the progress line
     logging.get_absl_logger().addFilter(_NoBackgroundTracebacks())
+    pylogging.getLogger("asyncio").addFilter(_NoBackgroundTracebacks())
     config = _CONFIG.value
     from envs.registry import REGISTRY  # deferred: imports JAX
     from ragen_jax.models.config import PRESETS

@@ -131,9 +131,12 @@ def test_sigterm_writes_a_checkpoint_and_exits_zero(tmp_path):
     out = proc.communicate(timeout=600)[0].decode()
     assert proc.returncode == 0, out[-3000:]
     assert "SIGTERM: checkpoint written" in out
-    step = Checkpointer(os.path.join(run_dir, "checkpoints")).latest_step()
-    assert step is not None and 1 <= step < 50
-    assert read_metrics(run_dir)[-1]["step"] == step
+    steps = _finished_checkpoints(run_dir)
+    assert len(steps) == 1 and 1 <= steps[0] < 50, (steps, out[-3000:])
+    assert read_metrics(run_dir)[-1]["step"] == steps[0]
+    ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"))
+    assert ckpt.all_steps() == steps, (ckpt.all_steps(), steps, out[-3000:])
+    ckpt.close()
 
 
 def _cli_error(*args):
