@@ -58,7 +58,7 @@ from ragen_jax.rollout.layout import rollout_config
 from ragen_jax.rollout.validation import run_validation
 from ragen_jax.setup.build import build_env, build_preset_model, build_tokenizer, model_overrides
 from ragen_jax.sft.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
-from ragen_jax.train.checkpoint import Checkpointer
+from ragen_jax.train.checkpoint import Checkpointer, one_line
 
 FORMAT_VERSION = 1  # bump when demos or training change in a way the settings do not capture
 BUCKET = 256  # sequence lengths are padded up to a multiple of this many tokens (one compile per length)
@@ -374,19 +374,11 @@ def _cached(config: Any, log: Callable[[str], None] | None, load: Callable[[str]
         try:
             return final, load(final)
         except Exception as err:  # noqa: BLE001 - any failure to read the cache means: rebuild it
-            print(f"warm start cache at {final} is damaged ({_one_line(err)}); rebuilding",
+            print(f"warm start cache at {final} is damaged ({one_line(err)}); rebuilding",
                   file=sys.stderr, flush=True)
             _discard(final, identity)
     _build(config, log, final)
     return final, load(final)
-
-
-def _one_line(err: BaseException, limit: int = 160) -> str:
-    """``Type: first line of the message``, the message cut to ``limit`` characters."""
-    lines = str(err).strip().splitlines()
-    text = lines[0] if lines else ""
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _identity(path: str) -> tuple[int, int] | None:

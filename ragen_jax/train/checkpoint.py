@@ -45,7 +45,7 @@ class CheckpointRestoreError(ValueError):
     """No checkpoint of a directory restores; the message is one line naming the steps tried."""
 
 
-def _one_line(e: BaseException, limit: int = 160) -> str:
+def one_line(e: BaseException, limit: int = 160) -> str:
     """``Type: first line of the message`` (orbax / tensorstore errors run to hundreds of lines)."""
     lines = str(e).strip().splitlines()
     text = lines[0] if lines else ""
@@ -144,7 +144,7 @@ class Checkpointer:
                 damaged.append(step)
                 older = [s for s in steps if s < step]
                 then = f"trying step {older[-1]}" if older else "no older checkpoint"
-                log(f"warning: checkpoint step {step} in {self.directory} does not restore ({_one_line(e)}); {then}")
+                log(f"warning: checkpoint step {step} in {self.directory} does not restore ({one_line(e)}); {then}")
                 continue
             return state, meta, step, damaged
         raise CheckpointRestoreError(

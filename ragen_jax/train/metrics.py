@@ -59,12 +59,20 @@ def read_metrics(run_dir: str) -> list[dict]:
 SAMPLE_HEADER = re.compile(r"^===== step (-?\d+): ")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str, text: str) -> None:
     """Replace ``path`` by ``text`` all at once: a temporary sibling, fsync, ``os.replace``. A kill or a full
     disk leaves either the old file or the new one, never a half-written one."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
+        # mkstemp makes the file 0600; the replaced file keeps the mode any new file of the user's gets.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
