@@ -216,7 +216,8 @@ def _mount_tmpfs(directory, megabytes: int, remount: bool = False) -> None:
 
 @pytest.mark.slow
 def test_a_full_disk_stops_the_run_in_one_line_and_the_previous_checkpoint_resumes(tmp_path):
-    # A checkpoint of this config takes about 2.3 MB: 6 MB hold the first two, the third does not fit.
+    # A checkpoint of this config takes about 2.3 MB: 6 MB hold the first two, the third does not fit, and
+    # Checkpointer refuses it before writing (free space below the newest checkpoint's size).
     disk = tmp_path / "disk"
     _mount_tmpfs(disk, 6)
     try:

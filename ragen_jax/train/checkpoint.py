@@ -24,6 +24,7 @@ each step: it saves a checkpoint and exits 0.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -82,6 +83,7 @@ class Checkpointer:
                 f"refusing to checkpoint step {step}: non-finite values in {', '.join(bad[:5])}"
                 + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
             )
+        self._check_free_space(step)
         self._manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -89,6 +91,21 @@ class Checkpointer:
         )
         self._manager.wait_until_finished()
         self._rotate()
+
+    def _check_free_space(self, step: int) -> None:
+        """Refuse a save the disk cannot hold before orbax starts writing it. The newest checkpoint's size
+        is the estimate (the first save has none and just tries). A write that fails half-way still
+        leaves every earlier checkpoint intact, but orbax then closes its event loop under tensorstore
+        writes still in flight, which print tracebacks from their threads that no logging filter sees."""
+        steps = self.all_steps()
+        if not steps:
+            return
+        newest = os.path.join(self.directory, str(steps[-1]))
+        needed = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(newest) for f in files)
+        free = shutil.disk_usage(self.directory).free
+        if free < needed:
+            raise OSError(errno.ENOSPC, f"No space left on device: the checkpoint of step {step} needs about "
+                                        f"{needed / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free", self.directory)
 
     def _rotate(self) -> None:
         steps = self.all_steps()
