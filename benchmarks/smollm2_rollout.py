@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from envs.registry import make  # noqa: E402
-from ragen_jax.main import load_config_file  # noqa: E402
+from ragen_jax.setup.config_file import load_config_file  # noqa: E402
 from ragen_jax.models.gguf import chat_settings, load_gguf  # noqa: E402
 from ragen_jax.rollout.fused import Rollout  # noqa: E402
 from ragen_jax.rollout.layout import RolloutConfig  # noqa: E402

@@ -69,7 +69,7 @@ def main() -> None:
     from flax import nnx
 
     from ragen_jax.train.checkpoint import Checkpointer
-    from ragen_jax.main import load_config_file
+    from ragen_jax.setup.config_file import load_config_file
     from ragen_jax.rollout.layout import env_keys
     from ragen_jax.rl.state import TrainState
     from ragen_jax.train.loop import build_run

@@ -185,14 +185,13 @@ def main() -> None:
     os.chdir(ROOT)
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import torch
     from flax import nnx
     from transformers import Qwen2ForCausalLM
 
     from ragen_jax.parallel import sharding
-    from ragen_jax.main import load_config_file
+    from ragen_jax.setup.config_file import load_config_file
     from ragen_jax.models.hf_io import save_hf_checkpoint
     from ragen_jax.models.logprobs import sequence_logprobs
     from ragen_jax.rl.advantages import grpo_advantages

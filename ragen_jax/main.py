@@ -7,7 +7,7 @@ The resolved config is printed; a training run writes it to ``RUN_DIR/config.jso
 built and its resume checks passed, so a command that fails never replaces a run's config. Bad keys, bad
 values, a missing ``hf_path`` and an unknown environment fail before any compilation with a one-line
 reason (exit 2); so do a bad model file, a resume whose config changes the run (see
-``trainer.RESUME_FREE_KEYS``; ``--config.trainer.allow_config_change=True`` accepts it) and a checkpoint
+``train.resume.RESUME_FREE_KEYS``; ``--config.trainer.allow_config_change=True`` accepts it) and a checkpoint
 directory none of whose checkpoints restores. A full disk stops the run with one line (exit 1); the same
 command resumes it from the newest complete checkpoint once there is space.
 """
@@ -15,7 +15,6 @@ command resumes it from the newest complete checkpoint once there is space.
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import logging as pylogging
 import os
@@ -26,6 +25,7 @@ from absl import app, logging
 from ml_collections import config_flags
 
 from ragen_jax.setup.config_check import ConfigError, check_config, check_override_keys, run_dir_of
+from ragen_jax.setup.config_file import load_config_file
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.", lock_config=True)
 
@@ -53,44 +53,6 @@ def precheck_argv(argv: list[str]) -> None:
             "choose an algorithm preset with the config string, e.g. --config=configs/sokoban.py:grpo "
             "(ppo | grpo | drgrpo | dapo); --config.algorithm.name alone would only rename the run"
         )
-
-
-def load_config_file(path: str):
-    """``get_config()`` of a configs/*.py file (``get_config(arg)`` for "file.py:arg", as config_flags does).
-
-    Raises ConfigError, in one line with the file and line, when the file does not compile, raises while
-    it runs, defines no get_config, or rejects ``arg`` (an unknown algorithm preset).
-    """
-    file, _, arg = path.partition(":")
-    spec = importlib.util.spec_from_file_location(f"_ragen_config_{abs(hash(file))}", file)
-    if spec is None:
-        raise ConfigError(f"--config={path}: a config file is a Python file defining get_config() (configs/*.py)")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        get_config = getattr(module, "get_config", None)
-        if not callable(get_config):
-            raise ConfigError("the file defines no get_config(); it must return the run's ConfigDict "
-                              "(see configs/countdown.py)")
-        return get_config(arg) if arg else get_config()
-    except ConfigError as e:
-        raise ConfigError(f"--config={path}: {e}") from None
-    except Exception as e:  # the config file is the user's code: its failure is a user error, located
-        raise ConfigError(f"--config={path}: {_where(e, file)}") from None
-
-
-def _where(e: BaseException, config_file: str) -> str:
-    """'line N: Type: message' for an error raised by (or while compiling) a config file's code, with the
-    file's name too when the line is in another file (e.g. configs/base.py, which task files call)."""
-    if isinstance(e, SyntaxError):
-        filename, lineno, message = e.filename, e.lineno, e.msg
-    else:
-        # The innermost frame with a real file is where the code failed (importlib's are "<frozen ...>").
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")]
-        filename, lineno = (frames[-1].filename, frames[-1].lineno) if frames else (config_file, None)
-        message = str(e)
-    in_file = "" if os.path.abspath(filename) == os.path.abspath(config_file) else f"{filename} "
-    return f"{in_file}line {lineno}: {type(e).__name__}: {message}"
 
 
 def _causes(e: BaseException):
@@ -163,21 +125,15 @@ def _main(argv: list[str]) -> None:
     # RUN_DIR/config.json is written by trainer.train once the run is built and its resume checks pass:
     # a command that fails (a bad model file, a refused resume, eval, sft) never replaces it.
     try:
-        if config.mode == "sft":
-            from ragen_jax.sft.warm_start import build_warm_start, read_metrics
+        from ragen_jax import api
 
-            path = build_warm_start(config)
-            summary = {k: v for k, v in read_metrics(path).items() if k != "loss_curve"}
+        if config.mode == "sft":
+            path, summary = api.warm_start(config)
             print(json.dumps({"warm_start": path, **summary}, indent=2, default=float))
         elif config.mode == "eval":
-            from ragen_jax.train.loop import evaluate
-
-            print(json.dumps(evaluate(config, run_dir), indent=2))
+            print(json.dumps(api.evaluate(config), indent=2))
         else:
-            from ragen_jax.train.loop import train
-
-            summary = train(config, run_dir)
-            print(json.dumps(summary, indent=2))
+            print(json.dumps(api.train(config), indent=2))
     except Exception as e:
         known = run_error_line(e, run_dir)
         if known is None:

@@ -30,7 +30,9 @@ ALLOWED: dict[str, set[str]] = {
     "sft": {"models", "envs", "sampling", "rollout", "rl", "setup", "parallel", "ragen_jax.train.checkpoint"},
     "train": {"models", "envs", "sampling", "rollout", "rl", "diagnostics", "parallel", "setup", "sft"},
     "export": {"models", "setup"},
-    "main": {"models", "envs", "sampling", "rollout", "rl", "diagnostics", "parallel", "setup", "sft", "train"},
+    "api": {"models", "envs", "diagnostics", "parallel", "setup", "sft", "train", "export"},
+    "main": {"models", "envs", "sampling", "rollout", "rl", "diagnostics", "parallel", "setup", "sft", "train",
+             "api"},
 }
 
 # Imports allowed inside a function body (the only ones).
@@ -44,9 +46,11 @@ LAZY_HEAVY = {
 }
 # The CLI's start-up: main checks the config before anything imports JAX (a bad key exits in a fraction
 # of a second) and calls jax.distributed.initialize before anything touches a JAX backend (importing
-# envs/ creates arrays); config_check is what main imports first.
+# envs/ creates arrays); config_check is what main imports first. The Python API (api.py) likewise
+# initialises multi-host JAX in ``api.train`` before it imports what builds a run.
 LAZY_CLI = {
     "ragen_jax.main": None,  # None: any module of the package
+    "ragen_jax.api": None,
     "ragen_jax.setup.config_check": {"ragen_jax.models.config"},
 }
 

@@ -1,5 +1,3 @@
-import json
-import math
 import os
 
 import numpy as np

@@ -1,6 +1,5 @@
 """End-to-end training runs of every task config (shrunk), resume after a hard kill, SIGTERM."""
 
-import json
 import os
 import signal
 import subprocess

@@ -210,6 +210,26 @@ def naive_cross_score(
     )
 
 
+def pair_metrics(
+    logp_sum: jax.Array,
+    logp_mean: jax.Array,
+    pairs: MIPairs,
+    ema: MarginalStdEma,
+    std_eps: float = 1e-3,
+    ema_decay: float = EMA_DECAY,
+) -> tuple[dict[str, jax.Array], MarginalStdEma]:
+    """The MI metrics of cross-scored ``pairs`` and the updated EMA: every key of `mi_metrics` and
+    `mi_metrics_with_ema`, plus `num_truncated` and `num_inconsistent` from the sampling (see `MIPairs`)."""
+    metrics = mi_metrics(
+        logp_sum, logp_mean, pairs.true_col, pairs.col_signature, std_eps,
+        row_valid=pairs.row_valid, col_valid=pairs.col_valid,
+    )
+    metrics, new_ema = mi_metrics_with_ema(ema, metrics, ema_decay, std_eps)
+    metrics["num_truncated"] = pairs.num_truncated.astype(jnp.float32)
+    metrics["num_inconsistent"] = pairs.num_inconsistent.astype(jnp.float32)
+    return metrics, new_ema
+
+
 def score_pairs(
     model: nnx.Module,
     pairs: MIPairs,
@@ -221,21 +241,11 @@ def score_pairs(
     std_eps: float = 1e-3,
     ema_decay: float = EMA_DECAY,
 ) -> tuple[dict[str, jax.Array], MarginalStdEma]:
-    """One strategy's whole diagnostic: cross-score the pairs, reduce, update that strategy's EMA.
-
-    Returns (metrics, new EMA): every key of `mi_metrics` and `mi_metrics_with_ema`, plus
-    `num_truncated` and `num_inconsistent` from the sampling (see `MIPairs`). The caller prefixes
-    the keys with the strategy label (RAGEN: collapse_first_turn_sample/, collapse_trajectory_sample/).
-    """
+    """One strategy's whole diagnostic: cross-score the pairs, reduce (`pair_metrics`), update that
+    strategy's EMA. The caller prefixes the metric keys with the strategy label (RAGEN:
+    collapse_first_turn_sample/, collapse_trajectory_sample/)."""
     logp_sum, logp_mean = cross_score(
         model, pairs.x_tokens, pairs.x_valid, pairs.z_tokens, pairs.z_valid, temperature,
         mesh=mesh, columns_per_step=columns_per_step,
     )
-    metrics = mi_metrics(
-        logp_sum, logp_mean, pairs.true_col, pairs.col_signature, std_eps,
-        row_valid=pairs.row_valid, col_valid=pairs.col_valid,
-    )
-    metrics, new_ema = mi_metrics_with_ema(ema, metrics, ema_decay, std_eps)
-    metrics["num_truncated"] = pairs.num_truncated.astype(jnp.float32)
-    metrics["num_inconsistent"] = pairs.num_inconsistent.astype(jnp.float32)
-    return metrics, new_ema
+    return pair_metrics(logp_sum, logp_mean, pairs, ema, std_eps, ema_decay)

@@ -8,7 +8,6 @@ import warnings
 from fractions import Fraction
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
