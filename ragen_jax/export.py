@@ -36,7 +36,9 @@ from flax import nnx
 
 from ragen_jax.models.tokenizers import SPECIAL_TOKENS, CharTokenizer
 from ragen_jax.models.transformer import Transformer
+from ragen_jax.parallel.distributed import nonfinite_leaves
 from ragen_jax.setup.build import build_policy, build_tokenizer
+from ragen_jax.train.checkpoint import one_line
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -83,7 +85,8 @@ def _actor_template(config: ml_collections.ConfigDict) -> tuple[Transformer, Any
     return actor, tokenizer
 
 
-def _checkpoint_step(manager: ocp.CheckpointManager, directory: Path, step: int | None) -> int:
+def _candidate_steps(manager: ocp.CheckpointManager, directory: Path, step: int | None) -> list[int]:
+    """The steps to try, in order: ``step`` alone, or every step newest first."""
     steps = sorted(manager.all_steps())
     if not steps:
         raise ExportError(
@@ -91,14 +94,17 @@ def _checkpoint_step(manager: ocp.CheckpointManager, directory: Path, step: int 
             "trainer.checkpoint_every steps and at the end of a run)"
         )
     if step is None:
-        return steps[-1]
+        return steps[::-1]
     if step not in steps:
         raise ExportError(f"no checkpoint for step {step} in {directory}; available steps: {steps}")
-    return step
+    return [step]
 
 
 def restore_policy(run_dir: str | os.PathLike, step: int | None = None) -> RestoredPolicy:
-    """The actor of the latest (or ``step``) checkpoint of ``run_dir``, as a Transformer on one device."""
+    """The actor of the latest (or ``step``) checkpoint of ``run_dir``, as a Transformer on one device.
+
+    Without ``step``, a checkpoint that does not restore (a damaged file) or holds non-finite values is
+    reported in one line on stderr and the one before it is used, as a resumed run does."""
     config = read_run_config(run_dir)
     directory = Path(run_dir).resolve() / CHECKPOINT_DIR
     if not directory.is_dir():
@@ -110,21 +116,33 @@ def restore_policy(run_dir: str | os.PathLike, step: int | None = None) -> Resto
     graphdef, params = nnx.split(actor)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
     manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+    errors = []
     try:
-        step = _checkpoint_step(manager, directory, step)
-        # trainer.train saves {"state": TrainState.tree(), "meta": ...}; read the "actor" subtree only.
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-                item={"actor": abstract},
-                restore_args={"actor": ocp.checkpoint_utils.construct_restore_args(abstract)},
-                partial_restore=True,
-            )),
-        )
+        for candidate in _candidate_steps(manager, directory, step):
+            try:
+                # trainer.train saves {"state": TrainState.tree(), "meta": ...}; read the "actor" subtree only.
+                restored = manager.restore(
+                    candidate,
+                    args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                        item={"actor": abstract},
+                        restore_args={"actor": ocp.checkpoint_utils.construct_restore_args(abstract)},
+                        partial_restore=True,
+                    )),
+                )
+                actor_params = restored["state"]["actor"]
+                bad = nonfinite_leaves(actor_params)
+                if bad:
+                    raise ValueError(f"non-finite values in {bad[0]}")
+            except Exception as e:  # orbax / tensorstore raise many types for a damaged file
+                errors.append(f"step {candidate}: {one_line(e)}")
+                print(f"warning: checkpoint step {candidate} in {directory} does not restore ({one_line(e)})",
+                      file=sys.stderr, flush=True)
+                continue
+            return RestoredPolicy(model=nnx.merge(graphdef, actor_params), tokenizer=tokenizer, config=config,
+                                  step=candidate)
     finally:
         manager.close()
-    model = nnx.merge(graphdef, restored["state"]["actor"])
-    return RestoredPolicy(model=model, tokenizer=tokenizer, config=config, step=step)
+    raise ExportError(f"no checkpoint of {directory} restores ({'; '.join(errors)})")
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool) -> None:

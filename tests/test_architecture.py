@@ -29,7 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     # The warm start writes its cache with the trainer's Checkpointer (one orbax saver for the package).
     "sft": {"models", "envs", "sampling", "rollout", "rl", "setup", "parallel", "ragen_jax.train.checkpoint"},
     "train": {"models", "envs", "sampling", "rollout", "rl", "diagnostics", "parallel", "setup", "sft"},
-    "export": {"models", "setup"},
+    # Export reads checkpoints as the trainer writes them (its one-line damage reports too).
+    "export": {"models", "setup", "ragen_jax.parallel.distributed", "ragen_jax.train.checkpoint"},
     "api": {"models", "envs", "diagnostics", "parallel", "setup", "sft", "train", "export"},
     "main": {"models", "envs", "sampling", "rollout", "rl", "diagnostics", "parallel", "setup", "sft", "train",
              "api"},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import jax
@@ -35,6 +36,7 @@ from ragen_jax.train.loop import build_run  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "configs"))
 from small import get_config as small_config  # noqa: E402
+from tests._damage import truncate_checkpoint  # noqa: E402
 
 STEPS = (1, 2)
 
@@ -132,6 +134,24 @@ def test_export_of_an_hf_path_run_carries_its_tokenizer(tmp_path_factory):
     exported_tok, source_tok = HFTokenizer(out), HFTokenizer(source)
     assert (exported_tok.pad_id, exported_tok.eos_ids) == (source_tok.pad_id, source_tok.eos_ids)
     _logits_match_transformers(out, graphdef, saved[STEPS[-1]], 320, "LlamaForCausalLM")
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(run_dir, tmp_path, capsys):
+    directory, saved, _ = run_dir
+    copy = tmp_path / "run"
+    shutil.copytree(directory, copy)
+    truncate_checkpoint(copy, STEPS[-1])
+    policy = restore_policy(str(copy))
+    assert policy.step == STEPS[-2]
+    for a, b in zip(jax.tree.leaves(nnx.state(policy.model)), jax.tree.leaves(saved[STEPS[-2]])):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and f"step {STEPS[-1]}" in warnings[0]
+    for step in STEPS[:-1]:
+        truncate_checkpoint(copy, step)
+    with pytest.raises(ExportError) as e:
+        restore_policy(str(copy))
+    assert "restores" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_export_of_an_earlier_step(run_dir, tmp_path):

@@ -5,7 +5,6 @@ One short run (tests/configs/small.py, 2 steps, no validation or MI, so it compi
 trained once per module; each test works on a copy of it.
 """
 
-import glob
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = os.path.join(ROOT, "tests", "configs", "small.py")
 sys.path.insert(0, os.path.join(ROOT, "tests", "configs"))
 from small import get_config as small_config  # noqa: E402
+from tests._damage import truncate_checkpoint  # noqa: E402
 
 # The CLI flags that give the same config as ``_config()``.
 CLI_FLAGS = (f"--config={SMALL}:frozen_lake", "--config.validation.every=0", "--config.mi.enabled=False",
@@ -71,16 +71,6 @@ def _raw_rows(run_dir) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def _damage(run_dir, step):
-    """Truncate every array data file of checkpoint ``step`` to half its size."""
-    files = [f for f in glob.glob(os.path.join(run_dir, "checkpoints", str(step), "state", "**", "d", "*"),
-                                  recursive=True) if os.path.isfile(f)]
-    assert files
-    for f in files:
-        with open(f, "r+b") as fh:
-            fh.truncate(os.path.getsize(f) // 2)
-
-
 def _checkpoint_scales(config, run_dir) -> dict[int, float]:
     """{step: largest |actor parameter|} of every checkpoint (each must restore and be finite)."""
     _, state = build_run(config)
@@ -127,7 +117,7 @@ def test_resume_with_a_run_altering_change_is_refused_in_one_line(trained, tmp_p
 
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, capfd):
     run_dir = _copy(trained, tmp_path)
-    _damage(run_dir, 2)
+    truncate_checkpoint(run_dir, 2)
     summary = train(_config(total_steps=3), run_dir)
     out, err = capfd.readouterr()
     warnings = [line for line in err.splitlines() if "does not restore" in line]
@@ -141,8 +131,8 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(trained, tmp
 
 def test_no_checkpoint_restoring_is_one_clear_error(trained, tmp_path):
     run_dir = _copy(trained, tmp_path)
-    _damage(run_dir, 1)
-    _damage(run_dir, 2)
+    truncate_checkpoint(run_dir, 1)
+    truncate_checkpoint(run_dir, 2)
     with pytest.raises(CheckpointRestoreError, match="none of the checkpoints"):
         train(_config(total_steps=3), run_dir)
     assert Checkpointer(os.path.join(run_dir, "checkpoints")).all_steps() == [1, 2]  # nothing moved or written
