@@ -1,4 +1,5 @@
 import os
+import time
 
 import numpy as np
 import pytest
@@ -46,3 +47,44 @@ def test_plots_cli_errors_clearly_without_metrics(tmp_path, capsys):
 def test_progress_line_shows_step_eta_and_keys():
     line = Progress(10, keys=("val/success",), enabled=False).update(3, {"val/success": 0.25})
     assert line.startswith("step 3/10") and "success=0.25" in line and "eta" in line
+
+
+def _tensorboard_series(tb_dir: str, tag: str) -> dict[int, list[float]]:
+    """{step: values} of ``tag`` as TensorBoard shows it (a step written twice is drawn twice): event files in write order, each TFRecord
+    (u64 length, u32 crc, payload, u32 crc) an Event; a SessionLog START at step s drops the earlier
+    values of steps >= s (TensorBoard's purge of a restarted run)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    series: dict[int, list[float]] = {}
+    for name in sorted(os.listdir(tb_dir)):  # events.out.tfevents.<unix time>.<host>
+        data = open(os.path.join(tb_dir, name), "rb").read()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
+                series = {s: v for s, v in series.items() if s < event.step}
+            for value in event.summary.value:
+                if value.tag == tag:
+                    series.setdefault(event.step, []).append(value.simple_value)
+    return series
+
+
+def test_a_resumed_writer_replaces_the_repeated_steps_in_tensorboard(tmp_path):
+    run = str(tmp_path / "run")
+    w = MetricsWriter(run, first_step=0)
+    for step in range(0, 5):
+        w.write(step, {"a": float(step)})
+    w.close()
+    started = int(time.time())
+    while int(time.time()) == started:  # an event file is named by the second it was opened in
+        time.sleep(0.05)
+    w = MetricsWriter(run, first_step=3)  # resumed from the checkpoint of step 2
+    for step in (3, 4, 5):
+        w.write(step, {"a": 10.0 * step})
+    w.close()
+    assert _tensorboard_series(os.path.join(run, "tb"), "a") == {0: [0.0], 1: [1.0], 2: [2.0], 3: [30.0], 4: [40.0],
+                                                                  5: [50.0]}

@@ -256,7 +256,7 @@ def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = No
     except BaseException:
         ckpt.close()
         raise
-    writer = MetricsWriter(run_dir, enabled=is_main)
+    writer = MetricsWriter(run_dir, enabled=is_main, first_step=start if start > 1 else 0)
     progress = Progress(config.trainer.total_steps, start - 1, enabled=is_main and config.trainer.progress,
                         keys=PROGRESS_KEYS)
 

@@ -126,7 +126,14 @@ def truncate_run_logs(run_dir: str, through_step: int) -> None:
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str, *, enabled: bool = True, tensorboard: bool = True):
+    """Appends each step's scalars to ``metrics.jsonl`` and TensorBoard, samples to ``samples.txt``.
+
+    ``first_step``: the step this writer writes first. TensorBoard discards the values of steps >=
+    ``first_step`` that earlier event files hold (a resumed run repeats the steps after its checkpoint;
+    without the purge TensorBoard would draw both versions), as ``truncate_run_logs`` does for the text files.
+    """
+
+    def __init__(self, run_dir: str, *, enabled: bool = True, tensorboard: bool = True, first_step: int | None = None):
         self.run_dir = run_dir
         self.enabled = enabled
         self._tb = None
@@ -135,7 +142,7 @@ class MetricsWriter:
         os.makedirs(run_dir, exist_ok=True)
         self._jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1)
         if tensorboard and SummaryWriter is not None:
-            self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+            self._tb = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=first_step)
 
     def write(self, step: int, metrics: Mapping) -> dict[str, float]:
         scalars = to_scalars(metrics)
