@@ -25,6 +25,7 @@ import traceback
 from absl import app, logging
 from ml_collections import config_flags
 
+from ragen_jax.setup import runtime
 from ragen_jax.setup.config_check import ConfigError, check_config, check_override_keys, run_dir_of
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.", lock_config=True)
@@ -154,6 +155,7 @@ def _main(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    runtime.use_compilation_cache(config)
     from ragen_jax.parallel import distributed
 
     distributed.maybe_initialize(config)
@@ -197,4 +199,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    runtime.use_tcmalloc()  # re-executes this command once with tcmalloc preloaded, when installed
     main()
