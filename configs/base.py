@@ -151,6 +151,17 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     # trainer.RESUME_FREE_KEYS: learning rate, model, env, seeds, ...) is refused unless this is True.
     c.trainer.allow_config_change = False
 
+    # JAX's persistent compilation cache (ragen_jax/setup/runtime.py): compiled programs are kept on disk,
+    # so a second run with the same shapes (a resume, another seed) starts without compiling them again.
+    c.compile_cache = ml_collections.ConfigDict()
+    c.compile_cache.enabled = True
+    # "": $JAX_COMPILATION_CACHE_DIR when set, else $XDG_CACHE_HOME/ragen_jax/jax_compilation_cache
+    # (~/.cache/ragen_jax/jax_compilation_cache); safe to delete, it grows without a size limit.
+    c.compile_cache.dir = ""
+    # Programs that compile faster than this are not written (a disk read would not save much); the
+    # test suite's cache (tests/conftest.py) uses the same value.
+    c.compile_cache.min_compile_time_secs = 0.5
+
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1
     c.mesh.fsdp = 1

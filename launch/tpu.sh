@@ -13,7 +13,7 @@
 # Subcommands:
 #   create  gcloud compute tpus tpu-vm create (--spot for a preemptible slice)
 #   setup   put the code on every worker (--repo URL [--branch B]: git clone; --copy (default): tar of the
-#           files git tracks in this checkout, scp'd to all workers) and install requirements + jax[tpu]
+#           files git tracks in this checkout, scp'd to all workers) and pip install -e ".[tpu]"
 #   run     start training on all workers (--worker=all), detached with nohup, output in
 #           ~/ragen_jax/logs/train.log on each worker; --foreground streams all workers' output instead
 #   logs    tail -f the log of one worker (--log-worker N, default 0: process 0 prints the progress)
@@ -149,7 +149,7 @@ do_setup() {
     run_cmd gcloud compute tpus tpu-vm scp "$archive" "$NAME:/tmp/" "${COMMON[@]}" --worker=all
     ssh_all "rm -rf ~/$REMOTE_DIR && mkdir -p ~/$REMOTE_DIR && tar -C ~/$REMOTE_DIR -xzf /tmp/$(basename "$archive")"
   fi
-  ssh_all "cd ~/$REMOTE_DIR && python3 -m venv .venv && .venv/bin/pip install -q -U pip && .venv/bin/pip install -q -r requirements.txt \"jax[tpu]\""
+  ssh_all "cd ~/$REMOTE_DIR && python3 -m venv .venv && .venv/bin/pip install -q -U pip && .venv/bin/pip install -q -e \".[tpu]\""
 }
 
 train_command() {

@@ -24,6 +24,7 @@ import traceback
 from absl import app, logging
 from ml_collections import config_flags
 
+from ragen_jax.setup import runtime
 from ragen_jax.setup.config_check import ConfigError, check_config, check_override_keys, run_dir_of
 from ragen_jax.setup.config_file import load_config_file
 
@@ -116,6 +117,7 @@ def _main(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    runtime.use_compilation_cache(config)
     from ragen_jax.parallel import distributed
 
     distributed.maybe_initialize(config)
@@ -153,4 +155,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    runtime.use_tcmalloc()  # re-executes this command once with tcmalloc preloaded, when installed
     main()

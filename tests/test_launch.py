@@ -20,7 +20,7 @@ CREATE = (f"gcloud compute tpus tpu-vm create ragen-pod {FLAGS} --accelerator-ty
 CLONE = (f"{SSH_ALL} --command='rm -rf ~/ragen_jax && git clone --depth 1 --branch main "
          "https://example.org/ragen_jax.git ~/ragen_jax'")
 INSTALL = (f"{SSH_ALL} --command='cd ~/ragen_jax && python3 -m venv .venv && .venv/bin/pip install -q -U pip && "
-           ".venv/bin/pip install -q -r requirements.txt \"jax[tpu]\"'")
+           ".venv/bin/pip install -q -e \".[tpu]\"'")
 TRAIN = ("cd ~/ragen_jax && .venv/bin/python -m ragen_jax.main --config=configs/countdown.py "
          "--config.mesh.distributed=on --config.trainer.total_steps=200")
 RUN_FOREGROUND = f"{SSH_ALL} --command='{TRAIN}'"

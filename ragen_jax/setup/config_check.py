@@ -106,6 +106,7 @@ def check_config(config: Mapping, *, env_names: Iterable[str], model_presets: It
     _check_model(config, model_presets)
     _check_sizes(config)
     _check_schedule(config)
+    _check_compile_cache(config)
     run_dir = run_dir_of(config)
     if config.mode == "train":
         check_run_dir(run_dir)
@@ -175,8 +176,12 @@ def _check_hf_path(path: str) -> None:
 def _check_gguf_path(path: str) -> None:
     """Open the file and read its model metadata (no weights): a directory, a non-GGUF or truncated file
     and an unsupported architecture fail here, before the run directory is touched."""
-    from ragen_jax.models.gguf import GGUFError, config_from_gguf, open_gguf  # deferred: imports JAX
-
+    try:
+        from ragen_jax.models.gguf import GGUFError, config_from_gguf, open_gguf  # deferred: imports JAX
+    except ModuleNotFoundError as e:
+        if e.name != "gguf":
+            raise
+        raise ConfigError("config.model.gguf_path needs the gguf package: pip install -e \".[gguf]\"") from None
     try:
         config_from_gguf(open_gguf(path))
     except GGUFError as e:
@@ -239,6 +244,16 @@ def _check_schedule(config: Mapping) -> None:
         raise ConfigError(f"config.trainer.checkpoint_every={config.trainer.checkpoint_every} must be >= 1")
     if config.mi.enabled and config.mi.every < 1:
         raise ConfigError(f"config.mi.every={config.mi.every} must be >= 1 (or set config.mi.enabled=False)")
+
+
+def _check_compile_cache(config: Mapping) -> None:
+    # An unwritable cache directory is not an error: the run goes on uncached (setup/runtime.py warns).
+    cache = config.compile_cache
+    if cache.min_compile_time_secs < 0:
+        raise ConfigError(f"config.compile_cache.min_compile_time_secs={cache.min_compile_time_secs} must be >= 0")
+    if cache.enabled and cache.dir and os.path.isfile(os.path.expanduser(cache.dir)):
+        raise ConfigError(f"config.compile_cache.dir: {cache.dir!r} is a file, not a directory; choose another "
+                          "directory or set config.compile_cache.enabled=False")
 
 
 def check_run_dir(path: str) -> None:
