@@ -57,7 +57,8 @@ from ragen_jax.train.checkpoint import Checkpointer, PreemptionGuard
 from ragen_jax.train.early_stop import EarlyStop
 from ragen_jax.train.resume import (CheckpointGate, check_resume_config, mask_untrained_metrics, resume_early_stop,
                                     with_config_hyperparams)
-from ragen_jax.train.metrics import MetricsWriter, Progress, truncate_run_logs, write_atomic
+from ragen_jax.train.metrics import MetricsWriter, Progress, read_metrics, truncate_run_logs, write_atomic
+from ragen_jax.train.report import summary_lines, warning_signs
 
 MI_STRATEGIES = {"first_turn": "collapse_first_turn_sample", "trajectory": "collapse_trajectory_sample"}
 PROGRESS_KEYS = ("train/success", "val/success", "rollout/in_group_reward_std", "filter/kept_ratio",
@@ -260,11 +261,21 @@ def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = No
     progress = Progress(config.trainer.total_steps, start - 1, enabled=is_main and config.trainer.progress,
                         keys=PROGRESS_KEYS)
 
+    rows = read_metrics(run_dir) if is_main else []  # the run so far, for the warning signs
+    warned: set[str] = set()
+
     def record(step: int, metrics: dict) -> dict:
         written = writer.write(step, metrics)
         progress.update(step, written)
-        if on_step is not None and is_main:
-            on_step(step, written)
+        if is_main:
+            rows.append({"step": step, **written})
+            for line in warning_signs(rows):
+                sign = line.split(":")[1]
+                if sign not in warned and config.trainer.progress:
+                    _warn(line)
+                warned.add(sign)
+            if on_step is not None:
+                on_step(step, written)
         return written
 
     def say(line: str) -> None:
@@ -321,16 +332,21 @@ def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = No
         guard.close()
         writer.close()
         ckpt.close()
+    report = []
     if is_main and os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         from ragen_jax.train.plots import make_plots
 
         make_plots(run_dir)
+        report = summary_lines(run_dir, read_metrics(run_dir))
+        if config.trainer.progress:
+            print("\n".join(report), flush=True)
     return {
         "run_dir": run_dir,
         "stop_reason": stop_reason or "completed",
         "wall_time_s": time.time() - t_start,
         "traces": trace_counts(run),
         "last": {k: v for k, v in last.items() if k.startswith(("train/", "val/", "filter/", "rollout/"))},
+        "report": report,
     }
 
 
