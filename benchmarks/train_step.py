@@ -19,8 +19,8 @@ trained actor gives a batch whose stored log-probs are both sides' old log-probs
 0.28, dual clip 3, entropy 0.001, token-mean, the config's mini-batch and micro-batch sizes, AdamW,
 grad clip 1.0, ``torch.set_num_threads(2)``) alternate ``--repeats`` times after one PyTorch warm-up.
 PyTorch gets each row compacted and right-padded to the batch's longest row (what a PyTorch trainer
-feeds its model); ours runs over the rollout's static width with its holes (the layout the rollout
-produces). Throughput = valid tokens of the batch (the same number on both sides) per second of
+feeds its model); ours gets the rollout's rows as the trainer does and crops them to the longest row
+rounded up to a bucket width (``UpdateStep.fit_width``, ``algorithm.width_buckets``). Throughput = valid tokens of the batch (the same number on both sides) per second of
 update, median. Parity: PyTorch's log-probs of the batch before any update against the log-probs the
 sampler stored.
 
@@ -286,7 +286,8 @@ def main() -> None:
     print(f"\nupdate of the same batch ({valid_tokens} valid tokens), steady state"
           + (" (ours includes the critic's update, PyTorch's does not):" if with_critic else ":"))
     print(f"{'side':<8}{'width':>8}{'update (s)':>12}{'tokens/s':>12}")
-    print(f"{'ours':<8}{traj.tokens.shape[1]:>8}{jax_s:>12.2f}{jax_tps:>12.0f}")
+    ours_width = getattr(run.update_step, "inner", run.update_step).fit_width(traj).seq_len
+    print(f"{'ours':<8}{ours_width:>8}{jax_s:>12.2f}{jax_tps:>12.0f}")
     print(f"{'torch':<8}{batch_np['tokens'].shape[1]:>8}{torch_s:>12.2f}{torch_tps:>12.0f}")
     print(f"ratio (ours / torch tokens/s): {jax_tps / torch_tps:.2f}x; parity: max |torch log-prob - sampler "
           f"log-prob| on the {int(mask.sum())} generated tokens = {logp_gap:.2e}")
@@ -299,7 +300,7 @@ def main() -> None:
         "valid_tokens": valid_tokens, "generated_tokens": generated,
         "phases": phases, "step_without_mi_s": step_s,
         "update_vs_torch": {
-            "ours": {"width": int(traj.tokens.shape[1]), "steady_s": jax_s, "runs_s": jax_times, "tokens_per_s": jax_tps},
+            "ours": {"width": int(ours_width), "steady_s": jax_s, "runs_s": jax_times, "tokens_per_s": jax_tps},
             "torch": {"width": int(batch_np["tokens"].shape[1]), "steady_s": torch_s, "runs_s": torch_times,
                       "tokens_per_s": torch_tps, "threads": torch.get_num_threads()},
             "ratio_ours_over_torch": jax_tps / torch_tps,

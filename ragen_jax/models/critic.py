@@ -70,18 +70,19 @@ class Critic(nnx.Module):
         critic.value_head.bias.set_value(jnp.zeros_like(critic.value_head.bias[...]))
         return critic
 
-    def state_values(self, tokens: jax.Array, valid: jax.Array) -> jax.Array:
-        """Value of the state after reading each token: head(hidden_t). tokens int32[B, L] -> f32[B, L]."""
-        hidden, _ = self.backbone(tokens, valid, return_hidden=True)
+    def state_values(self, tokens: jax.Array, valid: jax.Array, remat: bool = False) -> jax.Array:
+        """Value of the state after reading each token: head(hidden_t). tokens int32[B, L] -> f32[B, L].
+        remat (static): see ``Transformer.__call__``."""
+        hidden, _ = self.backbone(tokens, valid, return_hidden=True, remat=remat)
         return self.value_head(hidden.astype(jnp.float32))[..., 0]
 
-    def __call__(self, tokens: jax.Array, valid: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array, valid: jax.Array, remat: bool = False) -> jax.Array:
         """verl-aligned values: values[b, t] = state_values[b, prev_valid(t)], 0 where there is none.
 
         tokens: int32[B, L]; valid: bool[B, L]. Returns f32[B, L] (see the module docstring).
         """
         valid = valid.astype(bool)
-        per_state = self.state_values(tokens, valid)
+        per_state = self.state_values(tokens, valid, remat)
         prev = previous_valid_index(valid)
         aligned = jnp.take_along_axis(per_state, jnp.maximum(prev, 0), axis=1)
         return jnp.where(valid & (prev >= 0), aligned, 0.0)

@@ -67,16 +67,18 @@ def chunked_token_logprobs(
 
 
 def sequence_logprobs(
-    model, tokens: jax.Array, valid: jax.Array, temperature: jax.Array | float = 1.0, chunk: int = 128
+    model, tokens: jax.Array, valid: jax.Array, temperature: jax.Array | float = 1.0, chunk: int = 128,
+    remat: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced next-token log-probs of whole sequences that may contain padding anywhere.
 
     tokens: int32[B, L]; valid: bool[B, L]. Returns (logp, entropy), both f32[B, L]:
     logp[b, t] = log p(tokens[b, t] | the valid tokens of row b before t), predicted from the hidden
     state of the previous *valid* position (so holes left by padding are skipped, exactly as in the
-    KV-cache path). Zero where t is padding or the first valid token of its row.
+    KV-cache path). Zero where t is padding or the first valid token of its row. remat (static): see
+    ``Transformer.__call__`` (for gradients through this function; same values).
     """
-    hidden, _ = model(tokens, valid, return_hidden=True)
+    hidden, _ = model(tokens, valid, return_hidden=True, remat=remat)
     length = tokens.shape[1]
     index = jnp.arange(length)
     last_valid = jax.lax.cummax(jnp.where(valid, index, -1), axis=1)

@@ -178,12 +178,15 @@ class Transformer(nnx.Module):
         *,
         return_hidden: bool = False,
         kv_len: int | None = None,
+        remat: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         """Logits f32[B, T, V] (or final hidden [B, T, d]) and the updated cache (None without one).
 
         kv_len (static, cache only): attend to cache slots [0, kv_len) only. A caller that knows the
         filled part of the cache is shorter than its capacity uses it to skip the empty tail; it must
         be >= end + T.
+        remat (static, no cache only): a gradient taken through this forward recomputes each block from
+        its input instead of keeping the block's activations, the same numbers in less memory.
         """
         valid = valid.astype(bool)
         base = jnp.zeros(tokens.shape[:1], jnp.int32) if cache is None else cache.next_pos
@@ -196,8 +199,16 @@ class Transformer(nnx.Module):
             t = tokens.shape[1]
             causal = jnp.tril(jnp.ones((t, t), bool))
             mask = causal[None] & valid[:, None, :]
+
+            def block(layer, x):
+                return layer(x, positions, inv_freq, lambda k, v: (k, v, mask))
+
+            if remat:
+                # Without it the backward pass keeps every layer's float32 attention scores and
+                # probabilities ([B, H, T, T] each), the bulk of an update's memory at T ~ 1,000.
+                block = nnx.remat(block)
             for layer in self.layers:
-                x = layer(x, positions, inv_freq, lambda k, v: (k, v, mask))
+                x = block(layer, x)
             new_cache = None
         else:
             x, new_cache = self._cached_layers(x, positions, inv_freq, valid, cache, kv_len)

@@ -356,11 +356,12 @@ def state_shardings(state: TrainState, mesh: Mesh, model_cfg: Any = None) -> Tra
 class ShardedUpdateStep:
     """The update step (``update.make_update_step``) jitted with declared shardings on a mesh.
 
-    Jits the inner ``program(trained, ref, traj, key)`` with in: the trained part (actor, critic, optimizer
+    Jits the inner ``program(trained, ref, traj, key, horizon)`` (horizon static) with in: the trained part (actor, critic, optimizer
     states) and ref in ``shardings`` (``state_shardings``: the train layout), trajectories with rows over
     ('data', 'fsdp'), the key replicated;  out: the trained part in the same shardings, metrics replicated.
-    The trained part is donated, as in the unsharded step. The inner step's body is traced inside this
-    jit, so its ``traces`` counter still counts compiles. Same call signature and result:
+    The trained part is donated, as in the unsharded step. The batch is cropped to its bucket width first
+    (``UpdateStep.fit_width``; the row shardings do not depend on the width). The inner step's body is
+    traced inside this jit, so its ``traces`` counter still counts compiles. Same call signature and result:
     ``step(state, traj, key) -> UpdateResult(state, metrics)``.
     """
 
@@ -377,14 +378,15 @@ class ShardedUpdateStep:
         self._traj_shardings = batch_shardings(traj, self.mesh)
         s, rep = self.shardings, replicated(self.mesh)
         self._jitted = jax.jit(self.inner.program, in_shardings=(s.trained(), s.ref, self._traj_shardings, rep),
-                               out_shardings=(s.trained(), rep), donate_argnums=0)
+                               out_shardings=(s.trained(), rep), donate_argnums=0, static_argnums=4)
 
     def __call__(self, state: TrainState, traj, key) -> UpdateResult:
+        horizon, traj = traj.seq_len, self.inner.fit_width(traj)
         if self._jitted is None:
             self._build(traj)
         traj = shard_state(traj, self._traj_shardings)
         key = _global_array(key, replicated(self.mesh))
-        trained, metrics = self._jitted(state.trained(), state.ref, traj, key)
+        trained, metrics = self._jitted(state.trained(), state.ref, traj, key, horizon)
         return UpdateResult(state.replace(**trained), metrics)
 
 

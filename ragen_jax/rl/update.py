@@ -4,7 +4,8 @@
 ``rl.state.TrainState`` (its trained part, ``state.trained()``, is donated: use the returned state; ``ref`` is
 only read and ``mi_ema`` passed along outside the program), ``traj`` a ``Trajectories`` batch of R = G * S
 rows (group-major), ``key`` the copy-padding key; ``metrics`` a dict of float32 scalars. The jitted program,
-``UpdateStep.program(state.trained(), state.ref, traj, key) -> (trained, metrics)``, is the stages below,
+``UpdateStep.program(state.trained(), state.ref, traj, key, horizon) -> (trained, metrics)`` (``traj`` cropped
+to its bucket width, ``horizon`` the rollout's static width), is the stages below,
 each a pure function of its inputs (shapes in their docstrings), and nothing else:
 
   select_and_plan     the paper's filter: group scores of ``episode_reward`` [G, S] -> ``select_groups`` ->
@@ -48,6 +49,7 @@ Metrics (float32 scalars; verl / RAGEN names where they exist):
   log: in_group_reward_*, chosen_in_group_reward_*, filter_kept_count/ratio, filter_zero_count);
   update/minibatches_used, update/copied_rows, update/tokens (valid tokens the actor's forward and
   backward ran over: the used rows x ppo_epochs), update/loss_tokens (loss tokens of the used rows),
+  update/width (the bucket width the step ran at, see ``update_width``),
   update/nonfinite_skipped (actor + critic mini-batches whose step was skipped).
 
 The file runs past ~400 lines because the stages, their typed outputs and the mini-batch loop they share
@@ -62,6 +64,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -90,6 +93,7 @@ class UpdateConfig:
     actor_loss: ActorLossConfig = ActorLossConfig()
     value_clip: float = 0.5
     critic_loss_agg_mode: str = "token-mean"  # verl's critic default (``critic.loss_agg_mode``)
+    critic_norm_length: float | None = None  # seq-mean-token-sum-norm horizon; None = the rollout's width
     ppo_epochs: int = 1
     mini_batch_size: int = 32
     micro_batch_size: int = 8
@@ -97,6 +101,8 @@ class UpdateConfig:
     temperature: float = 1.0
     recompute_old_logprobs: bool = False
     logprob_chunk: int = 128
+    width_buckets: int = 8
+    remat: bool = True
     filter_metric: str = "reward_std"
     filter_strategy: str = "top_p"
     filter_value: float = 1.0
@@ -116,7 +122,8 @@ class UpdateConfig:
             raise ValueError("algorithm.bi_level_gae needs algorithm.adv_estimator='gae'.")
         if self.critic_loss_agg_mode not in AGG_MODES:
             raise ValueError(f"Unknown critic loss_agg_mode {self.critic_loss_agg_mode!r}; expected {AGG_MODES}.")
-        for name in ("ppo_epochs", "mini_batch_size", "micro_batch_size", "group_size", "logprob_chunk"):
+        for name in ("ppo_epochs", "mini_batch_size", "micro_batch_size", "group_size", "logprob_chunk",
+                     "width_buckets"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.mini_batch_size % self.micro_batch_size:
@@ -168,6 +175,8 @@ class UpdateConfig:
             temperature=float(rollout.temperature),
             recompute_old_logprobs=bool(alg.get("recompute_old_logprobs", False)),
             logprob_chunk=int(alg.get("logprob_chunk", 128)),
+            width_buckets=int(alg.get("width_buckets", 8)),
+            remat=bool(alg.get("remat", True)),
             filter_metric=str(flt.metric), filter_strategy=str(flt.strategy), filter_value=float(flt.value),
             filter_top_p_mode=str(flt.top_p_mode), filter_include_zero=bool(flt.include_zero),
             filter_eps=float(flt.eps), filter_largest=bool(flt.largest), soft_reweight=bool(flt.soft_reweight),
@@ -461,7 +470,8 @@ def _turn_end_mask(loss_mask: jax.Array, turn_ids: jax.Array) -> jax.Array:
 def _actor_micro_loss(cfg: UpdateConfig, graphdef, params, mb):
     """Sum-form actor loss of one micro-batch: L_pg - c_H agg(H) + c_KL agg(KL), as sums."""
     model = nnx.merge(graphdef, params)
-    logp, entropy = sequence_logprobs(model, mb["tokens"], mb["valid"], cfg.temperature, cfg.logprob_chunk)
+    logp, entropy = sequence_logprobs(model, mb["tokens"], mb["valid"], cfg.temperature, cfg.logprob_chunk,
+                                      cfg.remat)
     terms, aux = actor_loss_terms(logp, entropy, mb["old_logp"], mb["adv"], mb["mask"], cfg.actor_loss,
                                   mb.get("ref_logp"))
     total = terms["task"].sum + terms["entropy"].sum + terms["kl"].sum
@@ -480,9 +490,9 @@ def _actor_micro_loss(cfg: UpdateConfig, graphdef, params, mb):
 def _critic_micro_loss(cfg: UpdateConfig, graphdef, params, mb):
     """Sum-form clipped value loss of one micro-batch (verl ``compute_value_loss``)."""
     critic = nnx.merge(graphdef, params)
-    vpreds = critic(mb["tokens"], mb["valid"])
+    vpreds = critic(mb["tokens"], mb["valid"], cfg.remat)
     loss, aux = value_loss(vpreds, mb["old_values"], mb["returns"], mb["mask"], cfg.value_clip,
-                           cfg.critic_loss_agg_mode)
+                           cfg.critic_loss_agg_mode, cfg.critic_norm_length)
     return loss.sum, (loss.count, {"vf_loss": loss}, aux)
 
 
@@ -509,6 +519,7 @@ def _batch_metrics(cfg: UpdateConfig, sel: Selection, batch: Batch, actor_stats:
         "update/copied_rows": jnp.sum(plan.is_copy).astype(jnp.float32),
         "update/tokens": jnp.sum(batch.valid & plan.active[:, None]).astype(jnp.float32) * cfg.ppo_epochs,
         "update/loss_tokens": jnp.sum(batch.mask).astype(jnp.float32),
+        "update/width": jnp.asarray(batch.tokens.shape[1], jnp.float32),
         "update/nonfinite_skipped": actor_stats["nonfinite"] + critic_skipped,
     }
 
@@ -652,12 +663,39 @@ def _minibatch_loop(
 
 
 # ---------------------------------------------------------------------------------- the jitted step
+def update_width(longest: int, seq_len: int, buckets: int) -> int:
+    """The width the update runs at: the smallest bucket width that holds the batch's longest row.
+
+    Bucket widths are k * step (k = 1, 2, ...) capped at ``seq_len``, step = ceil(seq_len / buckets)
+    rounded up to a multiple of 8: at most ``buckets`` widths, so at most that many compiles of the update
+    per run, each running < step padding positions per row past the longest. ``buckets`` = 1 always runs
+    at ``seq_len``, the rollout's static width.
+    """
+    step = -(-seq_len // buckets)
+    step = -(-step // 8) * 8
+    return min(seq_len, max(1, -(-longest // step)) * step)
+
+
+def _host_lengths(traj: Trajectories) -> np.ndarray:
+    """int32[R] on the host; a replicated multi-host array is read from this process's copy."""
+    lengths = traj.lengths
+    if isinstance(lengths, jax.Array) and not lengths.is_fully_addressable:
+        lengths = lengths.addressable_data(0)
+    return np.asarray(lengths)
+
+
 class UpdateStep:
     """The jitted update; call as ``step(state, traj, key) -> UpdateResult(state, metrics)`` (``state`` a
     ``TrainState`` whose trained part is donated). ``program`` is the jitted function itself,
-    ``program(trained, ref, traj, key) -> (trained, metrics)`` (trained = ``state.trained()``, donated): the
+    ``program(trained, ref, traj, key, horizon) -> (trained, metrics)`` (trained = ``state.trained()``,
+    donated; horizon static, see ``_step``): the
     reference parameters and the MI state stay out of its outputs, so they are never copied or donated.
-    ``traces`` counts how often the body was traced."""
+
+    A call first crops the batch to ``update_width`` (``fit_width``): the rows are right-padded to the
+    rollout's static width, and the forward, backward, masks and reductions then cost the real tokens plus
+    less than one bucket step, not that width; the program compiles once per bucket width it meets.
+    ``traces_by_width`` counts how often the body was traced at each width, ``traces`` is the largest of
+    those counts (1 when every width compiled once)."""
 
     def __init__(self, actor_graphdef, critic_graphdef, config: UpdateConfig, actor_tx, critic_tx):
         self.actor_graphdef = actor_graphdef
@@ -665,17 +703,35 @@ class UpdateStep:
         self.config = config
         self.actor_tx = actor_tx
         self.critic_tx = critic_tx
-        self.traces = 0
-        self.program = jax.jit(self._step, donate_argnums=0)
+        self.traces_by_width: dict[int, int] = {}
+        self.program = jax.jit(self._step, donate_argnums=0, static_argnums=4)
+
+    @property
+    def traces(self) -> int:
+        return max(self.traces_by_width.values(), default=0)
+
+    def fit_width(self, traj: Trajectories) -> Trajectories:
+        """``traj`` cropped to ``update_width(max(lengths), L, width_buckets)``; unchanged at full width."""
+        longest = int(np.max(_host_lengths(traj)))
+        width = update_width(longest, traj.seq_len, self.config.width_buckets)
+        return traj if width == traj.seq_len else traj.crop(width)
 
     def __call__(self, state: TrainState, traj: Trajectories, key: jax.Array) -> UpdateResult:
-        trained, metrics = self.program(state.trained(), state.ref, traj, key)
+        trained, metrics = self.program(state.trained(), state.ref, self.fit_width(traj), key, traj.seq_len)
         return UpdateResult(state.replace(**trained), metrics)
 
-    def _step(self, trained: dict, ref, traj: Trajectories, key: jax.Array) -> tuple[dict, dict[str, jax.Array]]:
-        """The stages in order; trained: ``TrainState.trained()``, ref: the reference parameters or None."""
-        self.traces += 1  # Python side effect: runs once per trace, never at run time
+    def _step(self, trained: dict, ref, traj: Trajectories, key: jax.Array,
+              horizon: int) -> tuple[dict, dict[str, jax.Array]]:
+        """The stages in order; trained: ``TrainState.trained()``, ref: the reference parameters or None,
+        horizon (static): the rollout's static width, seq-mean-token-sum-norm's constant (a cropped batch
+        must divide by the same constant as the uncropped one, not by its bucket width)."""
+        width = traj.seq_len  # Python side effect below: runs once per trace, never at run time
+        self.traces_by_width[width] = self.traces_by_width.get(width, 0) + 1
         cfg = self.config
+        if cfg.actor_loss.norm_length is None:
+            cfg = dataclasses.replace(cfg, actor_loss=dataclasses.replace(cfg.actor_loss, norm_length=float(horizon)))
+        if cfg.critic_norm_length is None:
+            cfg = dataclasses.replace(cfg, critic_norm_length=float(horizon))
         state = TrainState(**trained, ref=ref)
         self._check(state, traj)
         sel = select_and_plan(cfg, traj, key)
@@ -746,6 +802,6 @@ def make_update_step(
     return UpdateStep(actor_graphdef, critic_graphdef, update_config, actor_tx, critic_tx)
 
 
-__all__ = ["ADV_ESTIMATORS", "UpdateConfig", "MinibatchPlan", "plan_minibatches", "Selection", "Batch", "Scores",
+__all__ = ["ADV_ESTIMATORS", "UpdateConfig", "update_width", "MinibatchPlan", "plan_minibatches", "Selection", "Batch", "Scores",
            "Advantages", "UpdateResult", "select_and_plan", "gather_batch", "score", "compute_advantages",
            "update_critic", "update_actor", "update_metrics", "UpdateStep", "make_update_step"]

@@ -87,6 +87,18 @@ class Trajectories:
     def seq_len(self) -> int:
         return int(self.tokens.shape[1])
 
+    def crop(self, width: int) -> "Trajectories":
+        """The same batch with every per-token field cut to its first ``width`` positions.
+
+        Rows are right-padded (valid = position < lengths; past a row's length its tokens are padding and
+        its masks False), so any width >= max(lengths) keeps every real token: the trainer's forward sees
+        the same tokens at the same positions and attends the same keys. Per-turn spans stay
+        in token coordinates, which cropping the padding does not move.
+        """
+        if not 0 < width <= self.seq_len:
+            raise ValueError(f"crop width must be in [1, {self.seq_len}], got {width}")
+        return self.replace(**{name: getattr(self, name)[:, :width] for name in TOKEN_FIELDS})
+
     def to_numpy(self) -> "Trajectories":
         return jax.tree.map(np.asarray, self)
 

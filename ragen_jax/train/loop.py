@@ -351,11 +351,17 @@ def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = No
 
 
 def trace_counts(run: Run) -> dict[str, int]:
-    """How often each jitted program of the run was traced (each should be 1)."""
+    """How often each jitted program of the run was traced (each should be 1; the update's count is per
+    bucket width, and ``update_widths`` is how many widths it compiled for)."""
     counts = {"rollout": run.rollout.trace_count, "validation_rollout": run.val_rollout.trace_count,
-              "update": run.update_step.traces}
+              "update": run.update_step.traces, "update_widths": len(_update_step_of(run).traces_by_width)}
     counts.update({f"mi/{k}": v for k, v in TRACE_COUNTS.items()})
     return counts
+
+
+def _update_step_of(run: Run):
+    """The run's ``UpdateStep`` (inside a ``ShardedUpdateStep`` on a mesh)."""
+    return getattr(run.update_step, "inner", run.update_step)
 
 
 def load_run(config, run_dir: str) -> tuple[Run, TrainState, int]:
