@@ -20,7 +20,8 @@ matmul without copying it, so attending to layer i's filled slots straight out o
 costs a copy of them per layer and step; a window's buffers go to the matmul as they are, and each
 step's append updates them in place. ``open_window`` copies the attended slots out once per
 ``generate``, ``widen_window`` grows the window between decode segments, and ``close_window`` writes
-back only the slots the loop appended.
+back only the slots the loop appended. While a loop runs the window sits beside the cache: up to
+another ``cache_bytes`` (the attended slots only), on top of the one copy of each slot per ``generate``.
 """
 
 from __future__ import annotations
