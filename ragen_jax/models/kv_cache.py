@@ -13,6 +13,15 @@ positions) and attention skips the holes. Memory: 2 * num_layers * B * num_kv_he
 elements of the compute dtype, plus B * S booleans. The caller sizes S to the whole conversation and
 must not append past it (``append`` raises on the host when it can tell; inside jit it is the caller's
 static bookkeeping).
+
+A decode loop works on a ``KVWindow`` instead: the first W slots of every layer as a buffer of its own
+([B, num_kv_heads, W, head_dim] per layer), attended whole. XLA cannot hand a slice of a buffer to a
+matmul without copying it, so attending to layer i's filled slots straight out of the stacked cache
+costs a copy of them per layer and step; a window's buffers go to the matmul as they are, and each
+step's append updates them in place. ``open_window`` copies the attended slots out once per
+``generate``, ``widen_window`` grows the window between decode segments, and ``close_window`` writes
+back only the slots the loop appended. While a loop runs the window sits beside the cache: up to
+another ``cache_bytes`` (the attended slots only), on top of the one copy of each slot per ``generate``.
 """
 
 from __future__ import annotations
@@ -71,4 +80,81 @@ def repeat_rows(cache: KVCache, index: jax.Array) -> KVCache:
         slot_valid=cache.slot_valid[index],
         end=cache.end,
         next_pos=cache.next_pos[index],
+    )
+
+
+@flax.struct.dataclass
+class KVWindow:
+    """Slots [0, W) of a ``KVCache``, one buffer per layer (see the module docstring).
+
+    k, v: tuples of num_layers arrays [B, num_kv_heads, W, head_dim]; slot_valid: bool[B, W];
+    end, next_pos: as in ``KVCache`` (end <= W).
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    slot_valid: jax.Array
+    end: jax.Array
+    next_pos: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+
+def open_window(cache: KVCache, width: int) -> KVWindow:
+    """The first ``width`` slots of ``cache`` (static, <= its capacity) as per-layer buffers."""
+    if not 0 < width <= cache.max_len:
+        raise ValueError(f"a window of {width} slots does not fit a cache of {cache.max_len}")
+    layers = range(cache.k.shape[0])
+    return KVWindow(
+        k=tuple(cache.k[i, :, :, :width] for i in layers),
+        v=tuple(cache.v[i, :, :, :width] for i in layers),
+        slot_valid=cache.slot_valid[:, :width],
+        end=cache.end,
+        next_pos=cache.next_pos,
+    )
+
+
+def widen_window(window: KVWindow, width: int) -> KVWindow:
+    """``window`` grown to ``width`` slots (static); the new slots are empty (zeros, invalid)."""
+    extra = width - window.max_len
+    if extra < 0:
+        raise ValueError(f"cannot narrow a window of {window.max_len} slots to {width}")
+    if extra == 0:
+        return window
+    pad = ((0, 0), (0, 0), (0, extra), (0, 0))
+    return window.replace(
+        k=tuple(jnp.pad(k, pad) for k in window.k),
+        v=tuple(jnp.pad(v, pad) for v in window.v),
+        slot_valid=jnp.pad(window.slot_valid, ((0, 0), (0, extra))),
+    )
+
+
+def close_window(cache: KVCache, window: KVWindow, start, count: int) -> KVCache:
+    """``cache`` with slots [start, start + count) taken from ``window`` (the rest unchanged).
+
+    start: int or int32[] (traced is fine); count: static, start + count <= window.max_len. ``end``
+    and ``next_pos`` come from the window.
+    """
+    start = jnp.asarray(start, jnp.int32)
+    zero = jnp.zeros((), jnp.int32)
+
+    def put(stacked, layers):
+        for i, layer in enumerate(layers):
+            new = jax.lax.dynamic_slice_in_dim(layer, start, count, axis=2)
+            stacked = jax.lax.dynamic_update_slice(stacked, new[None], (i, zero, zero, start, zero))
+        return stacked
+
+    valid = jax.lax.dynamic_slice_in_dim(window.slot_valid, start, count, axis=1)
+    return KVCache(
+        k=put(cache.k, window.k),
+        v=put(cache.v, window.v),
+        slot_valid=jax.lax.dynamic_update_slice(cache.slot_valid, valid, (zero, start)),
+        end=window.end,
+        next_pos=window.next_pos,
     )

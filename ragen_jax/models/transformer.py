@@ -5,6 +5,7 @@ cache); there is no second implementation to keep in sync.
 
     logits, cache = model(tokens, valid)               # full causal forward, cache is None
     logits, cache = model(tokens, valid, cache=cache)  # append T tokens to the cache
+    logits, window = model(tokens, valid, cache=window)  # the same on a KVWindow (decode loops)
     hidden, cache = model(tokens, valid, cache=cache, return_hidden=True)
     logits = model.lm_logits(hidden)                   # float32 logits from final hidden states
 
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ragen_jax.models.config import ModelConfig, RopeScaling
-from ragen_jax.models.kv_cache import KVCache
+from ragen_jax.models.kv_cache import KVCache, KVWindow, close_window, open_window
 
 # Large negative instead of -inf so that a query with no visible key (padding) gives a finite,
 # uniform softmax rather than NaN.
@@ -174,17 +175,18 @@ class Transformer(nnx.Module):
         self,
         tokens: jax.Array,
         valid: jax.Array,
-        cache: KVCache | None = None,
+        cache: KVCache | KVWindow | None = None,
         *,
         return_hidden: bool = False,
         kv_len: int | None = None,
         remat: bool = False,
-    ) -> tuple[jax.Array, KVCache | None]:
+    ) -> tuple[jax.Array, KVCache | KVWindow | None]:
         """Logits f32[B, T, V] (or final hidden [B, T, d]) and the updated cache (None without one).
 
         kv_len (static, cache only): attend to cache slots [0, kv_len) only. A caller that knows the
         filled part of the cache is shorter than its capacity uses it to skip the empty tail; it must
-        be >= end + T.
+        be >= end + T. A ``KVWindow`` (the decode loop's form of the cache) is attended whole and comes
+        back as a window; kv_len must then be None or its width.
         remat (static, no cache only): a gradient taken through this forward recomputes each block from
         its input instead of keeping the block's activations, the same numbers in less memory.
         """
@@ -218,32 +220,44 @@ class Transformer(nnx.Module):
             return hidden, new_cache
         return self.lm_logits(hidden), new_cache
 
-    def _cached_layers(self, x, positions, inv_freq, valid, cache: KVCache, kv_len):
+    def _cached_layers(self, x, positions, inv_freq, valid, cache: KVCache | KVWindow, kv_len):
+        if isinstance(cache, KVWindow):
+            if kv_len not in (None, cache.max_len):
+                raise ValueError(
+                    f"kv_len={kv_len} with a window of {cache.max_len} slots: a window is attended "
+                    "whole (open it with the width to attend)"
+                )
+            return self._window_layers(x, positions, inv_freq, valid, cache)
+        width = cache.max_len if kv_len is None else kv_len
+        x, window = self._window_layers(x, positions, inv_freq, valid, open_window(cache, width))
+        return x, close_window(cache, window, cache.end, x.shape[1])
+
+    def _window_layers(self, x, positions, inv_freq, valid, window: KVWindow):
+        """Append T tokens at slot ``window.end`` of every layer's buffer and attend to all W slots.
+
+        Each layer's keys and values go to the attention matmuls as the whole buffer its append just
+        updated, so XLA updates it in place and copies nothing (a slice of it would be copied).
+        """
         t = x.shape[1]
-        span = cache.max_len if kv_len is None else kv_len
-        slot_valid = jax.lax.dynamic_update_slice(cache.slot_valid, valid, (0, cache.end))
-        query_slot = cache.end + jnp.arange(t)
-        key_slot = jnp.arange(span)
-        mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :span]
-        k_all, v_all = cache.k, cache.v
+        slot_valid = jax.lax.dynamic_update_slice(window.slot_valid, valid, (0, window.end))
+        query_slot = window.end + jnp.arange(t)
+        key_slot = jnp.arange(window.max_len)
+        mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
+        ks, vs = list(window.k), list(window.v)
         for i, layer in enumerate(self.layers):
 
             def keys_fn(k_new, v_new, i=i):
-                # One dynamic_update_slice into the 5-D cache, then read layer i back: XLA updates
-                # this in place inside the decode loop. Slicing out layer i, updating it and writing it
-                # back with .at[i].set copied the whole cache several times per decode step.
-                nonlocal k_all, v_all
-                start = (i, 0, 0, cache.end, 0)
-                k_all = jax.lax.dynamic_update_slice(k_all, k_new.astype(k_all.dtype)[None], start)
-                v_all = jax.lax.dynamic_update_slice(v_all, v_new.astype(v_all.dtype)[None], start)
-                return k_all[i, :, :, :span], v_all[i, :, :, :span], mask
+                start = (0, 0, window.end, 0)
+                ks[i] = jax.lax.dynamic_update_slice(ks[i], k_new.astype(ks[i].dtype), start)
+                vs[i] = jax.lax.dynamic_update_slice(vs[i], v_new.astype(vs[i].dtype), start)
+                return ks[i], vs[i], mask
 
             x = layer(x, positions, inv_freq, keys_fn)
-        new_cache = KVCache(
-            k=k_all,
-            v=v_all,
+        new_window = KVWindow(
+            k=tuple(ks),
+            v=tuple(vs),
             slot_valid=slot_valid,
-            end=cache.end + t,
-            next_pos=cache.next_pos + jnp.sum(valid, axis=1, dtype=jnp.int32),
+            end=window.end + t,
+            next_pos=window.next_pos + jnp.sum(valid, axis=1, dtype=jnp.int32),
         )
-        return x, new_cache
+        return x, new_window

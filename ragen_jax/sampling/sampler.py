@@ -18,7 +18,9 @@ T slots, ``generate`` exactly N = ``max_new_tokens`` slots whatever happens (row
 are inactive leave invalid slots), so the filled length ``SamplerState.end`` is a Python int known
 from the shapes alone. That lets every call attend only to the filled part of the cache, rounded up
 to ``kv_block`` slots, instead of the whole static cache (on CPU attending to all slots of a cache
-sized for the full conversation costs about 2x per decode step).
+sized for the full conversation costs about 2x per decode step). The decode loop carries those slots
+as a ``KVWindow`` (one buffer per layer, opened once per ``generate`` and widened between decode
+segments), so that a step reads each layer's keys and values once and copies none of them.
 
 Log-probs. ``logprobs[b, i]`` is log softmax(logits / T)[token] over the *full* vocabulary, computed by
 ``ragen_jax.models.logprobs.logprobs_from_logits`` from the float32 logits of the same model the
@@ -48,7 +50,14 @@ import numpy as np
 from flax import nnx
 
 from ragen_jax.models.config import ModelConfig
-from ragen_jax.models.kv_cache import KVCache, init_cache
+from ragen_jax.models.kv_cache import (
+    KVCache,
+    KVWindow,
+    close_window,
+    init_cache,
+    open_window,
+    widen_window,
+)
 from ragen_jax.models.logprobs import logprobs_from_logits
 
 
@@ -198,7 +207,7 @@ def pick_tokens(
 @flax.struct.dataclass
 class _DecodeCarry:
     step: jax.Array  # int32[]
-    cache: KVCache
+    cache: KVWindow  # the attended slots of every layer
     logits: jax.Array  # f32[B, V] predicting each row's next token
     tokens: jax.Array  # int32[B, N]
     logprobs: jax.Array  # f32[B, N]
@@ -310,9 +319,11 @@ class Sampler:
         model = nnx.merge(self.graphdef, params)
         b, n = state.batch, cfg.max_new_tokens
         window = max((len(s) for s in cfg.stop_sequences), default=1)
+        segment = cfg.decode_segment or n
+        stops = [min(start + segment, n) for start in range(0, n, segment)]
         carry = _DecodeCarry(
             step=jnp.zeros((), jnp.int32),
-            cache=state.cache,
+            cache=open_window(state.cache, self._kv_len(state.end + stops[0], state.max_len)),
             logits=state.last_logits,
             tokens=jnp.full((b, n), cfg.pad_id, jnp.int32),
             logprobs=jnp.zeros((b, n), jnp.float32),
@@ -327,10 +338,9 @@ class Sampler:
                 if cfg.return_logits else None
             ),
         )
-        segment = cfg.decode_segment or n
-        for start in range(0, n, segment):
-            stop = min(start + segment, n)
-            kv_len = self._kv_len(state.end + stop, state.max_len)
+        for stop in stops:
+            width = self._kv_len(state.end + stop, state.max_len)
+            carry = carry.replace(cache=widen_window(carry.cache, width))
 
             def cond(c: _DecodeCarry, stop=stop):
                 keep_going = c.step < stop
@@ -338,13 +348,14 @@ class Sampler:
                     keep_going &= ~jnp.all(c.done)
                 return keep_going
 
-            def body(c: _DecodeCarry, kv_len=kv_len):
-                return self._decode_step(model, c, temperature, kv_len)
+            def body(c: _DecodeCarry):
+                return self._decode_step(model, c, temperature)
 
             carry = jax.lax.while_loop(cond, body, carry)
 
         # Steps skipped by the early exit leave invalid slots: the cache advances by exactly N.
-        cache = carry.cache.replace(end=jnp.asarray(state.end + n, jnp.int32))
+        cache = close_window(state.cache, carry.cache, state.end, n)
+        cache = cache.replace(end=jnp.asarray(state.end + n, jnp.int32))
         out = SampleOutput(
             tokens=carry.tokens,
             logprobs=carry.logprobs,
@@ -356,7 +367,7 @@ class Sampler:
         )
         return out, SamplerState(cache=cache, last_logits=carry.logits, end=state.end + n)
 
-    def _decode_step(self, model, c: _DecodeCarry, temperature, kv_len: int) -> _DecodeCarry:
+    def _decode_step(self, model, c: _DecodeCarry, temperature) -> _DecodeCarry:
         """Sample one token per unfinished row, record it, and feed it into the cache."""
         cfg = self.config
         key, sub = jax.random.split(c.key)
@@ -384,7 +395,7 @@ class Sampler:
             step_logits = jax.lax.dynamic_update_slice_in_dim(
                 step_logits, c.logits[:, None], c.step, axis=1)
 
-        new_logits, cache = model(token[:, None], emit[:, None], cache=c.cache, kv_len=kv_len)
+        new_logits, cache = model(token[:, None], emit[:, None], cache=c.cache)
         logits = jnp.where(emit[:, None], new_logits[:, 0], c.logits)
         return _DecodeCarry(
             step=c.step + 1,
