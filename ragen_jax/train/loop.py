@@ -232,17 +232,55 @@ def training_step(run: Run, state: TrainState, step: int, base_key) -> tuple[Tra
     return result.state, mask_untrained_metrics(metrics, config.algorithm.ppo_epochs), traj
 
 
-def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = None) -> dict:
-    """Train (or resume) in ``run_dir``; returns a summary (last metrics, stop reason, wall time).
+class StepRecorder:
+    """Writes each step's metrics (``metrics.jsonl``, TensorBoard, the progress line), prints RAGEN-2's
+    warning signs the first time they appear (train/report.py) and calls ``on_step``; main process only."""
 
-    ``on_step(step, metrics)`` is called after each step's metrics are written (step 0: the validation
-    before training), on the main process only. Raises ConfigError for a resume with a run-altering
-    config change and CheckpointRestoreError when no checkpoint restores; nothing in ``run_dir`` is
-    changed before those checks passed.
-    """
-    t_start = time.time()
+    def __init__(self, run_dir: str, config, start: int, is_main: bool,
+                 on_step: Callable[[int, dict], None] | None):
+        self.config, self.is_main, self.on_step = config, is_main, on_step
+        self.writer = MetricsWriter(run_dir, enabled=is_main, first_step=start if start > 1 else 0)
+        self.progress = Progress(config.trainer.total_steps, start - 1, enabled=is_main and config.trainer.progress,
+                                 keys=PROGRESS_KEYS)
+        self.rows = read_metrics(run_dir) if is_main else []  # the run so far, for the warning signs
+        self.warned: set[str] = set()
+
+    def record(self, step: int, metrics: dict) -> dict:
+        written = self.writer.write(step, metrics)
+        self.progress.update(step, written)
+        if self.is_main:
+            self.rows.append({"step": step, **written})
+            for line in warning_signs(self.rows):
+                sign = line.split(":")[1]
+                if sign not in self.warned and self.config.trainer.progress:
+                    _warn(line)
+                self.warned.add(sign)
+            if self.on_step is not None:
+                self.on_step(step, written)
+        return written
+
+    def samples(self, step: int, traj, tokenizer) -> None:
+        """The first two conversations of the batch in ``samples.txt`` at step 1 and every sample_every."""
+        every = self.config.trainer.sample_every
+        if every > 0 and (step == 1 or step % every == 0):
+            for i in range(min(2, traj.num_rows)):
+                self.writer.write_text(step, f"train sample {i} (reward {float(traj.episode_reward[i]):.3g})",
+                                       traj.to_text(i, tokenizer))
+
+    def say(self, line: str) -> None:
+        if self.is_main:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def open_run(config, run_dir: str, is_main: bool):
+    """Build the run on its mesh and restore it: (run, state, ckpt, start step, EarlyStop, CheckpointGate).
+
+    Nothing in ``run_dir`` changes before the resume checks passed; then the logs are cut back to the
+    restored step and the config is written."""
     run, state = build_run(config)
-    is_main = distributed.is_main_process()
     # Place the state on the ('data', 'fsdp', 'tensor') mesh before restoring, so that a checkpoint
     # comes back with the same shardings.
     run, state = sharding.shard_run(run, state, sharding.make_mesh(config))
@@ -257,96 +295,104 @@ def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = No
     except BaseException:
         ckpt.close()
         raise
-    writer = MetricsWriter(run_dir, enabled=is_main, first_step=start if start > 1 else 0)
-    progress = Progress(config.trainer.total_steps, start - 1, enabled=is_main and config.trainer.progress,
-                        keys=PROGRESS_KEYS)
+    return run, state, ckpt, start, early, gate
 
-    rows = read_metrics(run_dir) if is_main else []  # the run so far, for the warning signs
-    warned: set[str] = set()
 
-    def record(step: int, metrics: dict) -> dict:
-        written = writer.write(step, metrics)
-        progress.update(step, written)
-        if is_main:
-            rows.append({"step": step, **written})
-            for line in warning_signs(rows):
-                sign = line.split(":")[1]
-                if sign not in warned and config.trainer.progress:
-                    _warn(line)
-                warned.add(sign)
-            if on_step is not None:
-                on_step(step, written)
-        return written
+def step_checks(run: Run, state: TrainState, step: int, metrics: dict, early: EarlyStop,
+                gate: CheckpointGate) -> str:
+    """After a step's update: the checkpoint gate's bookkeeping, RAGEN-2's early-stopping rules, the
+    validation when due; adds their metrics to ``metrics`` and returns the stop reason ("" to go on)."""
+    config = run.config
+    gate.after_update(step, metrics)
+    empty = float(metrics.get("filter/empty", 0.0)) > 0
+    nonfinite = float(metrics.get("update/nonfinite_skipped", 0.0)) > 0
+    stop_reason = early.after_step(float(metrics.get("rollout/in_group_reward_std", np.nan)), empty, nonfinite)
+    done = step == config.trainer.total_steps
+    if config.validation.every > 0 and (step % config.validation.every == 0 or done):
+        metrics.update(validate(run, state.actor, step))
+        stop_reason = stop_reason or early.after_validation(metrics["val/success"])
+    metrics["early_stop/reward_std_baseline"] = early.baseline if early.baseline is not None else np.nan
+    return stop_reason
 
-    def say(line: str) -> None:
-        if is_main:
-            print(line, flush=True)
 
+def checkpoint_or_stop(step: int, state: TrainState, stop_reason: str, scale, growth: float,
+                       gate: CheckpointGate, early: EarlyStop, guard: PreemptionGuard, say) -> str:
+    """On a step that checkpoints (``scale`` not None): refuse an exploded state, else save. Returns the
+    final stop reason ("" to go on) and says why the run stops."""
+    if scale is not None and growth > gate.max_growth:
+        say(gate.explosion_message(step, growth))
+        return "parameter_explosion"
+    if scale is not None:
+        gate.save(step, state, early, scale)
+    if stop_reason:
+        good = gate.last_good["step"]
+        say(f"early stop at step {step}: {stop_reason}: {early.explain()}"
+            + (f"; the last good checkpoint is step {good}" if stop_reason == "nonfinite_updates"
+               and good is not None else ""))
+        return stop_reason
+    if guard.requested:
+        say(f"SIGTERM: checkpoint written at step {step}; exiting")
+        return "preempted"
+    return ""
+
+
+def end_of_run_report(run_dir: str, config, is_main: bool) -> list[str]:
+    """Plots and the end-of-run summary (train/report.py), printed with the progress line on."""
+    if not (is_main and os.path.exists(os.path.join(run_dir, "metrics.jsonl"))):
+        return []
+    from ragen_jax.train.plots import make_plots
+
+    make_plots(run_dir)
+    report = summary_lines(run_dir, read_metrics(run_dir))
+    if config.trainer.progress:
+        print("\n".join(report), flush=True)
+    return report
+
+
+def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = None) -> dict:
+    """Train (or resume) in ``run_dir``; returns a summary (last metrics, stop reason, wall time).
+
+    ``on_step(step, metrics)`` is called after each step's metrics are written (step 0: the validation
+    before training), on the main process only. Raises ConfigError for a resume with a run-altering
+    config change and CheckpointRestoreError when no checkpoint restores; nothing in ``run_dir`` is
+    changed before those checks passed.
+    """
+    t_start = time.time()
+    is_main = distributed.is_main_process()
+    run, state, ckpt, start, early, gate = open_run(config, run_dir, is_main)
+    recorder = StepRecorder(run_dir, config, start, is_main, on_step)
     guard = PreemptionGuard()
     base_key = jax.random.key(config.seed)
     last: dict[str, float] = {}
     stop_reason = ""
     try:
         if start == 1 and config.validation.every > 0:
-            last = record(0, validate(run, state.actor, 0))
+            last = recorder.record(0, validate(run, state.actor, 0))
         for step in range(start, config.trainer.total_steps + 1):
             state, metrics, traj = training_step(run, state, step, base_key)
-            gate.after_update(step, metrics)
-            empty = float(metrics.get("filter/empty", 0.0)) > 0
-            nonfinite = float(metrics.get("update/nonfinite_skipped", 0.0)) > 0
-            stop_reason = early.after_step(float(metrics.get("rollout/in_group_reward_std", np.nan)), empty, nonfinite)
-
-            done = step == config.trainer.total_steps
-            if config.validation.every > 0 and (step % config.validation.every == 0 or done):
-                metrics.update(validate(run, state.actor, step))
-                stop_reason = stop_reason or early.after_validation(metrics["val/success"])
-            if config.trainer.sample_every > 0 and (step == 1 or step % config.trainer.sample_every == 0):
-                for i in range(min(2, traj.num_rows)):
-                    writer.write_text(step, f"train sample {i} (reward {float(traj.episode_reward[i]):.3g})",
-                                      traj.to_text(i, run.tokenizer))
-            metrics["early_stop/reward_std_baseline"] = early.baseline if early.baseline is not None else np.nan
-
-            due = stop_reason or done or guard.requested or step % config.trainer.checkpoint_every == 0
+            stop_reason = step_checks(run, state, step, metrics, early, gate)
+            recorder.samples(step, traj, run.tokenizer)
+            due = stop_reason or step == config.trainer.total_steps or guard.requested or (
+                step % config.trainer.checkpoint_every == 0)
+            scale, growth = gate.growth(state) if due else (None, np.nan)
             if due:
-                scale, growth = gate.growth(state)
                 metrics["checkpoint/param_growth"] = growth
-            last = record(step, metrics)
-
-            if due and growth > gate.max_growth:
-                stop_reason = "parameter_explosion"
-                say(gate.explosion_message(step, growth))
-                break
-            if due:
-                gate.save(step, state, early, scale)
+            last = recorder.record(step, metrics)
+            stop_reason = checkpoint_or_stop(step, state, stop_reason, scale, growth, gate, early, guard,
+                                             recorder.say)
             if stop_reason:
-                good = gate.last_good["step"]
-                say(f"early stop at step {step}: {stop_reason}: {early.explain()}"
-                    + (f"; the last good checkpoint is step {good}" if stop_reason == "nonfinite_updates"
-                       and good is not None else ""))
-                break
-            if guard.requested:
-                stop_reason = "preempted"
-                say(f"SIGTERM: checkpoint written at step {step}; exiting")
                 break
     finally:
         guard.close()
-        writer.close()
+        recorder.close()
         ckpt.close()
-    report = []
-    if is_main and os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-        from ragen_jax.train.plots import make_plots
-
-        make_plots(run_dir)
-        report = summary_lines(run_dir, read_metrics(run_dir))
-        if config.trainer.progress:
-            print("\n".join(report), flush=True)
     return {
         "run_dir": run_dir,
         "stop_reason": stop_reason or "completed",
         "wall_time_s": time.time() - t_start,
         "traces": trace_counts(run),
         "last": {k: v for k, v in last.items() if k.startswith(("train/", "val/", "filter/", "rollout/"))},
-        "report": report,
+        "report": end_of_run_report(run_dir, config, is_main),
     }
 
 
