@@ -12,6 +12,15 @@ to the M rows and only the M reasonings run through the cached forward: M * N * 
 instead of M * N * (Lx + Lz) for the naive grid. The first reasoning token is predicted from the
 prompt's last hidden state, which the prefill keeps.
 
+Real widths: a rollout leaves its arrays at static widths (prompts at the cache length, reasonings
+at max_new_tokens), mostly padding. Before the jitted program, on the host, the prompts are cropped
+from the left and the reasonings from the right to the widest real one, rounded up to one of
+`width_buckets` bucket widths (`ragen_jax.rl.update.update_width`, the update step's buckets), so the
+prefill, the caches and the M * N continuations cost the real tokens and the program compiles at most
+once per bucket pair. Only slots that are padding in every row are dropped; padding never shifts RoPE
+positions and masked keys carry exactly zero attention weight, so the scores equal the full-width ones
+up to the float32 reduction order.
+
 Sharding: with a mesh, rows are split over its 'data' axis (padded to a multiple of its size, the
 padding dropped from the result); prompts, their caches and the parameters stay as the caller placed
 them (replicated by default). The same code runs on one device without a mesh.
@@ -23,6 +32,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -30,9 +40,61 @@ from ragen_jax.diagnostics.mi import EMA_DECAY, MarginalStdEma, mi_metrics, mi_m
 from ragen_jax.diagnostics.mi_sampling import MIPairs
 from ragen_jax.models.kv_cache import init_cache, repeat_rows
 from ragen_jax.models.logprobs import chunked_token_logprobs, sequence_logprobs
+from ragen_jax.rl.update import update_width
 
-# Python-side trace counts of the jitted bodies (tests assert one trace per shape).
+# Python-side trace counts of the jitted bodies (tests assert one trace per shape), in total and by
+# (prompt width, reasoning width).
 TRACE_COUNTS = {"cross_score": 0, "naive_cross_score": 0}
+TRACES_BY_WIDTH: dict[str, dict[tuple[int, int], int]] = {"cross_score": {}, "naive_cross_score": {}}
+WIDTH_BUCKETS = 8
+
+
+def _count_trace(name: str, prompt_len: int, reasoning_len: int) -> None:
+    TRACE_COUNTS[name] += 1
+    by_width = TRACES_BY_WIDTH[name]
+    by_width[(prompt_len, reasoning_len)] = by_width.get((prompt_len, reasoning_len), 0) + 1
+
+
+def _host_mask(valid) -> np.ndarray:
+    """bool[R, L] on the host; a replicated multi-host array is read from this process's copy."""
+    if isinstance(valid, jax.Array) and not valid.is_fully_addressable:
+        valid = valid.addressable_data(0)
+    return np.asarray(valid, bool)
+
+
+def real_widths(x_valid, z_valid, width_buckets: int = WIDTH_BUCKETS) -> tuple[int, int]:
+    """(prompt_width, reasoning_width): the bucket widths the cross-scoring runs at (host ints).
+
+    x_valid: bool[N, Lx]; z_valid: bool[M, Lz] (host or device arrays). The prompt extent counts from
+    the first slot that is real in any row to the end (prompts keep their right end), the reasoning
+    extent from the start to the last slot that is real in any row (reasonings keep their left end);
+    each is rounded up by `update_width(extent, static width, width_buckets)`, the smallest bucket
+    that holds it. `width_buckets` = 1 keeps the static widths.
+    """
+    x_any = _host_mask(x_valid).any(axis=0)
+    z_any = _host_mask(z_valid).any(axis=0)
+    prompt_extent = x_any.size - int(np.argmax(x_any)) if x_any.any() else 0
+    reasoning_extent = z_any.size - int(np.argmax(z_any[::-1])) if z_any.any() else 0
+    return (update_width(prompt_extent, x_any.size, width_buckets),
+            update_width(reasoning_extent, z_any.size, width_buckets))
+
+
+def crop_to_real_widths(
+    x_tokens: jax.Array, x_valid: jax.Array, z_tokens: jax.Array, z_valid: jax.Array,
+    width_buckets: int = WIDTH_BUCKETS,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The four arrays cropped to `real_widths`: [N, Lx] -> [N, prompt_width] keeping the last slots,
+    [M, Lz] -> [M, reasoning_width] keeping the first slots. Every dropped slot is padding in every row,
+    whatever the alignment (a left-aligned prompt array, say, is just not cropped)."""
+    if width_buckets < 1:
+        raise ValueError(f"width_buckets must be >= 1; got {width_buckets}.")
+    prompt_width, reasoning_width = real_widths(x_valid, z_valid, width_buckets)
+    prompt_len, reasoning_len = x_valid.shape[1], z_valid.shape[1]
+    if prompt_width < prompt_len:
+        x_tokens, x_valid = x_tokens[:, prompt_len - prompt_width:], x_valid[:, prompt_len - prompt_width:]
+    if reasoning_width < reasoning_len:
+        z_tokens, z_valid = z_tokens[:, :reasoning_width], z_valid[:, :reasoning_width]
+    return x_tokens, x_valid, z_tokens, z_valid
 
 
 def _previous_valid_index(valid: jax.Array) -> jax.Array:
@@ -58,10 +120,10 @@ def _cross_score_jit(
     graphdef, state, x_tokens, x_valid, z_tokens, z_valid, temperature,
     columns_per_step, row_sharding,
 ):
-    TRACE_COUNTS["cross_score"] += 1
     model = nnx.merge(graphdef, state)
     num_cols, prompt_len = x_tokens.shape
     num_rows, reasoning_len = z_tokens.shape
+    _count_trace("cross_score", prompt_len, reasoning_len)
 
     # Prefill every column prompt once.  hidden_x: [N, Lx, d]
     cache = init_cache(model.cfg, num_cols, prompt_len + reasoning_len)
@@ -93,10 +155,10 @@ def _naive_cross_score_jit(
     graphdef, state, x_tokens, x_valid, z_tokens, z_valid, temperature,
     columns_per_step, row_sharding,
 ):
-    TRACE_COUNTS["naive_cross_score"] += 1
     model = nnx.merge(graphdef, state)
     num_cols, prompt_len = x_tokens.shape
     num_rows = z_tokens.shape[0]
+    _count_trace("naive_cross_score", prompt_len, z_tokens.shape[1])
     z_tokens = _constrain_rows(z_tokens, row_sharding)
     z_valid = _constrain_rows(z_valid, row_sharding)
 
@@ -111,7 +173,7 @@ def _naive_cross_score_jit(
 
 
 def _run(
-    jitted, model, x_tokens, x_valid, z_tokens, z_valid, temperature, mesh, columns_per_step
+    jitted, model, x_tokens, x_valid, z_tokens, z_valid, temperature, mesh, columns_per_step, width_buckets
 ) -> tuple[jax.Array, jax.Array]:
     x_tokens = jnp.asarray(x_tokens, jnp.int32)
     x_valid = jnp.asarray(x_valid, bool)
@@ -125,6 +187,7 @@ def _run(
     if columns_per_step < 1:
         raise ValueError(f"columns_per_step must be >= 1; got {columns_per_step}.")
     columns_per_step = min(columns_per_step, num_cols)
+    x_tokens, x_valid, z_tokens, z_valid = crop_to_real_widths(x_tokens, x_valid, z_tokens, z_valid, width_buckets)
 
     num_rows = z_tokens.shape[0]
     row_sharding = None
@@ -166,6 +229,7 @@ def cross_score(
     *,
     mesh: Mesh | None = None,
     columns_per_step: int = 1,
+    width_buckets: int = WIDTH_BUCKETS,
 ) -> tuple[jax.Array, jax.Array]:
     """Score every reasoning under every prompt, reusing each prompt's KV cache for all rows.
 
@@ -178,13 +242,15 @@ def cross_score(
       mesh: optional; rows are split over its 'data' axis.
       columns_per_step: columns scored together (vmapped) per step of the column loop. Memory grows
         with columns_per_step * M * (Lx + Lz) cache slots; 1 bounds it, more trades memory for speed.
+      width_buckets: Lx and Lz are first cropped to their real extents rounded up to one of this many
+        bucket widths (`real_widths`); 1 keeps the static widths.
 
     Returns: (logp_sum f32[M, N], logp_mean f32[M, N]); a row with no valid z token scores 0.
-    Compiles once per (shapes, columns_per_step, mesh).
+    Compiles once per (N, M, bucket widths, columns_per_step, mesh).
     """
     return _run(
         _cross_score_jit, model, x_tokens, x_valid, z_tokens, z_valid, temperature, mesh,
-        columns_per_step,
+        columns_per_step, width_buckets,
     )
 
 
@@ -198,6 +264,7 @@ def naive_cross_score(
     *,
     mesh: Mesh | None = None,
     columns_per_step: int = 1,
+    width_buckets: int = WIDTH_BUCKETS,
 ) -> tuple[jax.Array, jax.Array]:
     """The same matrices by a full causal forward over every [x_j ; z_m] sequence (no cache).
 
@@ -206,7 +273,7 @@ def naive_cross_score(
     """
     return _run(
         _naive_cross_score_jit, model, x_tokens, x_valid, z_tokens, z_valid, temperature, mesh,
-        columns_per_step,
+        columns_per_step, width_buckets,
     )
 
 
@@ -238,6 +305,7 @@ def score_pairs(
     *,
     mesh: Mesh | None = None,
     columns_per_step: int = 1,
+    width_buckets: int = WIDTH_BUCKETS,
     std_eps: float = 1e-3,
     ema_decay: float = EMA_DECAY,
 ) -> tuple[dict[str, jax.Array], MarginalStdEma]:
@@ -246,6 +314,6 @@ def score_pairs(
     collapse_first_turn_sample/, collapse_trajectory_sample/)."""
     logp_sum, logp_mean = cross_score(
         model, pairs.x_tokens, pairs.x_valid, pairs.z_tokens, pairs.z_valid, temperature,
-        mesh=mesh, columns_per_step=columns_per_step,
+        mesh=mesh, columns_per_step=columns_per_step, width_buckets=width_buckets,
     )
     return pair_metrics(logp_sum, logp_mean, pairs, ema, std_eps, ema_decay)
