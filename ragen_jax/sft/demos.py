@@ -162,47 +162,19 @@ class DemoWriter:
 
     # ------------------------------------------------------------------------------------------------
     def _write_chunk(self, seeds: list[int], noisy_fraction: float, rng: np.random.Generator) -> list[DemoEpisode]:
-        cfg, tok, layer, chat = self.config, self.tokenizer, self.layer, self.chat
+        cfg, tok = self.config, self.tokenizer
         b, width = len(seeds), cfg.max_new_tokens
         states, step_bases = self._reset(jnp.asarray(seeds, jnp.int32))
-        k = cfg.max_actions_per_turn
         rows = [_Building() for _ in range(b)]
-        noisy_turn = np.full((b,), -1, np.int64)
+        noisy_turn = self._noisy_turns(jax.device_get(states), noisy_fraction, rng)
         success = np.zeros((b,), bool)
         active = np.ones((b,), bool)
-        host_states = jax.device_get(states)
-        for i in range(b):
-            if rng.random() < noisy_fraction:
-                host = _row(host_states, i)
-                turns_needed = -(-max(self.policy.plan_length(host, self.env_params), 1) // k)
-                noisy_turn[i] = rng.integers(min(turns_needed, cfg.max_turns))
         for t in range(cfg.max_turns):
             tokens = np.full((b, width), tok.pad_id, np.int32)
             lengths = np.zeros((b,), np.int32)
             host_states = jax.device_get(states)
             for i in np.flatnonzero(active):
-                host = _row(host_states, i)
-                left = int(self.env.max_actions_per_episode(self.env_params)) - int(host.time)
-                choice = self.policy.turn(host, self.env_params, min(k, max(left, 1)), t == noisy_turn[i], rng)
-                text = response_text(choice)
-                ids = tok.encode(text)
-                if len(ids) > width:
-                    raise ValueError(
-                        f"a demonstration response has {len(ids)} tokens, more than rollout.max_new_tokens="
-                        f"{width}; raise rollout.max_new_tokens (response: {text!r})"
-                    )
-                if t == 0:
-                    prompt = chat.first_prompt(self.system, layer.turn_text(host, 1))
-                else:
-                    user = layer.reward_text(rows[i].rewards[-1]) + layer.turn_text(host, t + 1)
-                    prompt = chat.later_prompt(user, response_ended_turn=False)
-                prompt_ids = tok.encode(prompt)
-                rows[i].add(prompt_ids, t, False)
-                rows[i].add(ids, t, True)
-                rows[i].prompt_lengths.append(len(prompt_ids))
-                rows[i].response_lengths.append(len(ids))
-                rows[i].responses.append(text)
-                rows[i].actions.append(tuple(choice.actions))
+                ids = self._demo_turn(rows[i], _row(host_states, i), t, t == noisy_turn[i], rng)
                 tokens[i, : len(ids)] = ids
                 lengths[i] = len(ids)
             new_states, reward, done, succ, ok, n_valid = jax.device_get(
@@ -233,6 +205,46 @@ class DemoWriter:
             )
             for i, r in enumerate(rows)
         ]
+
+    def _noisy_turns(self, host_states: Any, noisy_fraction: float, rng: np.random.Generator) -> np.ndarray:
+        """int[b]: the turn each episode writes with the policy's deliberate mistake, -1 for none (a
+        ``noisy_fraction`` of the episodes, the turn uniform over the turns its plan needs)."""
+        b = len(jax.tree.leaves(host_states)[0])
+        k, noisy_turn = self.config.max_actions_per_turn, np.full((b,), -1, np.int64)
+        for i in range(b):
+            if rng.random() < noisy_fraction:
+                host = _row(host_states, i)
+                turns_needed = -(-max(self.policy.plan_length(host, self.env_params), 1) // k)
+                noisy_turn[i] = rng.integers(min(turns_needed, self.config.max_turns))
+        return noisy_turn
+
+    def _demo_turn(self, row: "_Building", host: Any, t: int, noisy: bool, rng: np.random.Generator) -> list[int]:
+        """Turn ``t`` of one episode: the policy's response to the state ``host``, appended to ``row`` after
+        the turn's prompt; returns the response's token ids."""
+        cfg, tok, layer, chat = self.config, self.tokenizer, self.layer, self.chat
+        width = cfg.max_new_tokens
+        left = int(self.env.max_actions_per_episode(self.env_params)) - int(host.time)
+        choice = self.policy.turn(host, self.env_params, min(cfg.max_actions_per_turn, max(left, 1)), noisy, rng)
+        text = response_text(choice)
+        ids = tok.encode(text)
+        if len(ids) > width:
+            raise ValueError(
+                f"a demonstration response has {len(ids)} tokens, more than rollout.max_new_tokens="
+                f"{width}; raise rollout.max_new_tokens (response: {text!r})"
+            )
+        if t == 0:
+            prompt = chat.first_prompt(self.system, layer.turn_text(host, 1))
+        else:
+            user = layer.reward_text(row.rewards[-1]) + layer.turn_text(host, t + 1)
+            prompt = chat.later_prompt(user, response_ended_turn=False)
+        prompt_ids = tok.encode(prompt)
+        row.add(prompt_ids, t, False)
+        row.add(ids, t, True)
+        row.prompt_lengths.append(len(prompt_ids))
+        row.response_lengths.append(len(ids))
+        row.responses.append(text)
+        row.actions.append(tuple(choice.actions))
+        return ids
 
 
 def _row(states: Any, i: int) -> Any:
