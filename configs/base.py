@@ -106,8 +106,9 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     # the rollout's static width (compiles once per width met); 1 = always the static width.
     c.algorithm.width_buckets = 8
     # The actor's and critic's backward passes recompute each block's forward instead of storing its
-    # activations (same numbers; ~1/3 more forward compute for a fraction of the memory).
-    c.algorithm.remat = True
+    # activations: same numbers, ~30% more update compute. Off: on the tiny preset (4 layers) it saves
+    # only 3% of the update's memory (benchmarks/update_width.py); deep models are where it pays.
+    c.algorithm.remat = False
 
     c.filter = ml_collections.ConfigDict()
     c.filter.metric = "reward_std"  # reward_std | reward_var | reward_mean | reward_sum

@@ -102,7 +102,7 @@ class UpdateConfig:
     recompute_old_logprobs: bool = False
     logprob_chunk: int = 128
     width_buckets: int = 8
-    remat: bool = True
+    remat: bool = False
     filter_metric: str = "reward_std"
     filter_strategy: str = "top_p"
     filter_value: float = 1.0
@@ -176,7 +176,7 @@ class UpdateConfig:
             recompute_old_logprobs=bool(alg.get("recompute_old_logprobs", False)),
             logprob_chunk=int(alg.get("logprob_chunk", 128)),
             width_buckets=int(alg.get("width_buckets", 8)),
-            remat=bool(alg.get("remat", True)),
+            remat=bool(alg.get("remat", False)),
             filter_metric=str(flt.metric), filter_strategy=str(flt.strategy), filter_value=float(flt.value),
             filter_top_p_mode=str(flt.top_p_mode), filter_include_zero=bool(flt.include_zero),
             filter_eps=float(flt.eps), filter_largest=bool(flt.largest), soft_reweight=bool(flt.soft_reweight),

@@ -72,7 +72,8 @@ def _run(step, models, traj):
 def test_bucketed_update_equals_full_width_update(models, name):
     config = CASES[name]
     traj = widen(make_traj(7, MIXED, models["logprob_fn"]))
-    cropped_step = _step(models, config)  # width_buckets 8 (64 -> steps of 8: longest row 14 -> 16), remat on
+    # width_buckets 8 (64 -> steps of 8: the longest row, 14, -> 16), with remat
+    cropped_step = _step(models, dataclasses.replace(config, remat=True))
     full_step = _step(models, dataclasses.replace(config, width_buckets=1, remat=False))
     a, b = _run(cropped_step, models, traj), _run(full_step, models, traj)
     assert list(cropped_step.traces_by_width) == [16] and list(full_step.traces_by_width) == [WIDE]
