@@ -49,8 +49,8 @@ class Scripted(nnx.Module):
         self.cfg = base.cfg
         self.bias = nnx.Param(jnp.zeros((V, V), jnp.float32))
 
-    def __call__(self, tokens, valid, cache=None, *, return_hidden=False, kv_len=None):
-        hidden, cache = self.base(tokens, valid, cache, return_hidden=True, kv_len=kv_len)
+    def __call__(self, tokens, valid, cache=None, *, return_hidden=False, kv_len=None, remat=False):
+        hidden, cache = self.base(tokens, valid, cache, return_hidden=True, kv_len=kv_len, remat=remat)
         h = jnp.concatenate([hidden, jax.nn.one_hot(tokens, V, dtype=hidden.dtype)], axis=-1)
         return (h, cache) if return_hidden else (self.lm_logits(h), cache)
 
