@@ -41,6 +41,7 @@ from ragen_jax.diagnostics.mi_sampling import MIPairs
 from ragen_jax.models.kv_cache import init_cache, repeat_rows
 from ragen_jax.models.logprobs import chunked_token_logprobs, sequence_logprobs
 from ragen_jax.rl.update import update_width
+from ragen_jax.rollout.trajectories import host_copy
 
 # Python-side trace counts of the jitted bodies (tests assert one trace per shape), in total and by
 # (prompt width, reasoning width).
@@ -55,13 +56,6 @@ def _count_trace(name: str, prompt_len: int, reasoning_len: int) -> None:
     by_width[(prompt_len, reasoning_len)] = by_width.get((prompt_len, reasoning_len), 0) + 1
 
 
-def _host_mask(valid) -> np.ndarray:
-    """bool[R, L] on the host; a replicated multi-host array is read from this process's copy."""
-    if isinstance(valid, jax.Array) and not valid.is_fully_addressable:
-        valid = valid.addressable_data(0)
-    return np.asarray(valid, bool)
-
-
 def real_widths(x_valid, z_valid, width_buckets: int = WIDTH_BUCKETS) -> tuple[int, int]:
     """(prompt_width, reasoning_width): the bucket widths the cross-scoring runs at (host ints).
 
@@ -71,8 +65,8 @@ def real_widths(x_valid, z_valid, width_buckets: int = WIDTH_BUCKETS) -> tuple[i
     each is rounded up by `update_width(extent, static width, width_buckets)`, the smallest bucket
     that holds it. `width_buckets` = 1 keeps the static widths.
     """
-    x_any = _host_mask(x_valid).any(axis=0)
-    z_any = _host_mask(z_valid).any(axis=0)
+    x_any = host_copy(x_valid).astype(bool).any(axis=0)
+    z_any = host_copy(z_valid).astype(bool).any(axis=0)
     prompt_extent = x_any.size - int(np.argmax(x_any)) if x_any.any() else 0
     reasoning_extent = z_any.size - int(np.argmax(z_any[::-1])) if z_any.any() else 0
     return (update_width(prompt_extent, x_any.size, width_buckets),

@@ -75,7 +75,7 @@ from ragen_jax.rl import filtering
 from ragen_jax.rl.losses import AGG_MODES, ActorLossConfig, Weighted, accumulate, actor_loss_terms, value_loss
 from ragen_jax.rl.losses import weighted_mean
 from ragen_jax.rl.state import TrainState
-from ragen_jax.rollout.trajectories import Trajectories
+from ragen_jax.rollout.trajectories import Trajectories, host_copy
 
 ADV_ESTIMATORS = ("gae", "grpo", "rloo")
 
@@ -676,14 +676,6 @@ def update_width(longest: int, seq_len: int, buckets: int) -> int:
     return min(seq_len, max(1, -(-longest // step)) * step)
 
 
-def _host_lengths(traj: Trajectories) -> np.ndarray:
-    """int32[R] on the host; a replicated multi-host array is read from this process's copy."""
-    lengths = traj.lengths
-    if isinstance(lengths, jax.Array) and not lengths.is_fully_addressable:
-        lengths = lengths.addressable_data(0)
-    return np.asarray(lengths)
-
-
 class UpdateStep:
     """The jitted update; call as ``step(state, traj, key) -> UpdateResult(state, metrics)`` (``state`` a
     ``TrainState`` whose trained part is donated). ``program`` is the jitted function itself,
@@ -712,7 +704,7 @@ class UpdateStep:
 
     def fit_width(self, traj: Trajectories) -> Trajectories:
         """``traj`` cropped to ``update_width(max(lengths), L, width_buckets)``; unchanged at full width."""
-        longest = int(np.max(_host_lengths(traj)))
+        longest = int(np.max(host_copy(traj.lengths)))
         width = update_width(longest, traj.seq_len, self.config.width_buckets)
         return traj if width == traj.seq_len else traj.crop(width)
 

@@ -49,6 +49,14 @@ ROW_FIELDS = (
 )
 
 
+def host_copy(x) -> np.ndarray:
+    """``x`` as a numpy array on the host; a replicated multi-host array is read from this process's copy
+    (np.asarray refuses an array that is not fully addressable)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return np.asarray(x)
+
+
 @flax.struct.dataclass
 class Trajectories:
     tokens: jax.Array

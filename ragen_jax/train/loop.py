@@ -57,14 +57,11 @@ from ragen_jax.train.checkpoint import Checkpointer, PreemptionGuard
 from ragen_jax.train.early_stop import EarlyStop
 from ragen_jax.train.resume import (CheckpointGate, check_resume_config, mask_untrained_metrics, resume_early_stop,
                                     with_config_hyperparams)
-from ragen_jax.train.metrics import MetricsWriter, Progress, read_metrics, truncate_run_logs, write_atomic
-from ragen_jax.train.report import summary_lines, warning_signs
+from ragen_jax.train.metrics import read_metrics, truncate_run_logs, write_atomic
+from ragen_jax.train.recorder import StepRecorder
+from ragen_jax.train.report import summary_lines
 
 MI_STRATEGIES = {"first_turn": "collapse_first_turn_sample", "trajectory": "collapse_trajectory_sample"}
-PROGRESS_KEYS = ("train/success", "val/success", "rollout/in_group_reward_std", "filter/kept_ratio",
-                 "collapse_trajectory_sample/mi_estimate")
-
-
 def write_run_config(run_dir: str, config) -> None:
     """``RUN_DIR/config.json`` (what ``ragen_jax.export`` reads), replaced atomically."""
     os.makedirs(run_dir, exist_ok=True)
@@ -230,49 +227,6 @@ def training_step(run: Run, state: TrainState, step: int, base_key) -> tuple[Tra
     metrics["throughput/update_tokens_per_s"] = float(result.metrics.get("update/tokens", 0.0)) / max(
         metrics["timing/update_s"], 1e-9)
     return result.state, mask_untrained_metrics(metrics, config.algorithm.ppo_epochs), traj
-
-
-class StepRecorder:
-    """Writes each step's metrics (``metrics.jsonl``, TensorBoard, the progress line), prints RAGEN-2's
-    warning signs the first time they appear (train/report.py) and calls ``on_step``; main process only."""
-
-    def __init__(self, run_dir: str, config, start: int, is_main: bool,
-                 on_step: Callable[[int, dict], None] | None):
-        self.config, self.is_main, self.on_step = config, is_main, on_step
-        self.writer = MetricsWriter(run_dir, enabled=is_main, first_step=start if start > 1 else 0)
-        self.progress = Progress(config.trainer.total_steps, start - 1, enabled=is_main and config.trainer.progress,
-                                 keys=PROGRESS_KEYS)
-        self.rows = read_metrics(run_dir) if is_main else []  # the run so far, for the warning signs
-        self.warned: set[str] = set()
-
-    def record(self, step: int, metrics: dict) -> dict:
-        written = self.writer.write(step, metrics)
-        self.progress.update(step, written)
-        if self.is_main:
-            self.rows.append({"step": step, **written})
-            for line in warning_signs(self.rows):
-                sign = line.split(":")[1]
-                if sign not in self.warned and self.config.trainer.progress:
-                    _warn(line)
-                self.warned.add(sign)
-            if self.on_step is not None:
-                self.on_step(step, written)
-        return written
-
-    def samples(self, step: int, traj, tokenizer) -> None:
-        """The first two conversations of the batch in ``samples.txt`` at step 1 and every sample_every."""
-        every = self.config.trainer.sample_every
-        if every > 0 and (step == 1 or step % every == 0):
-            for i in range(min(2, traj.num_rows)):
-                self.writer.write_text(step, f"train sample {i} (reward {float(traj.episode_reward[i]):.3g})",
-                                       traj.to_text(i, tokenizer))
-
-    def say(self, line: str) -> None:
-        if self.is_main:
-            print(line, flush=True)
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 def open_run(config, run_dir: str, is_main: bool):
