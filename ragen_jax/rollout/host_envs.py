@@ -1,16 +1,10 @@
 """Host envs: environments written in plain Python (text in, text out), and an adapter for TextEnvs.
 
-The protocol a host env implements (one instance = one episode row; the rollout makes B of them)::
-
-    class MyEnv:                                  # satisfies HostEnv
-        def system_text(self) -> str: ...          # the system message (same for every episode)
-        def reset(self, seed: int) -> str: ...     # the first user message ("\\nTurn 1:\\nState:...")
-        def step(self, response_text: str) -> HostStep: ...   # the generated text, without the prompt's
-                                                               # leading "<think>"
-
-``HostStep.next_user_text`` is the next user message (RAGEN: "Reward:\\n{r}\\n" + the next turn text);
-it is ignored once ``done``. The rollout adds the chat template around these messages, tokenizes them
-with ``tokenizer.encode`` and keeps prefill and decode batched on device (``host_rollout``).
+The protocol (``HostEnv``, ``HostStep``) is ``envs/host.py``: one instance per episode row, ``reset(seed)``
+gives the first user message, ``step(response_text)`` the turn's result. ``HostStep.next_user_text`` is
+the next user message (RAGEN: "Reward:\\n{r}\\n" + the next turn text); it is ignored once ``done``. The
+rollout adds the chat template around these messages, tokenizes them with ``tokenizer.encode`` and keeps
+prefill and decode batched on device (``host_rollout``).
 
 ``TextEnvHost`` runs any on-device ``TextEnv`` this way, through its Python-side pieces only: the text
 layer's ``system_text`` / ``turn_text`` / ``reward_text``, a plain-Python ``re`` parse of RAGEN's format
@@ -22,41 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from envs.base import TextLayer
+from envs.host import HostEnv, HostStep
 from ragen_jax.rollout.layout import env_keys, step_key
 
 # RAGEN ctx_manager._parse_response: the response is prefixed with the prompt's "<think>".
 ANSWER_PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 REMOVED_SPECIALS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
-
-
-@dataclasses.dataclass(frozen=True)
-class HostStep:
-    """What one host-env turn reports. reward: the env reward of the turn (without the format penalty);
-    format_ok: False adds the rollout's format penalty; n_valid: recognised actions (0 makes the next
-    prompt carry the warning, which the env writes into next_user_text itself); n_executed: actions run."""
-
-    reward: float
-    done: bool
-    success: bool
-    format_ok: bool
-    n_valid: int
-    n_executed: int
-    next_user_text: str
-
-
-@runtime_checkable
-class HostEnv(Protocol):
-    def system_text(self) -> str: ...
-
-    def reset(self, seed: int) -> str: ...
-
-    def step(self, response_text: str) -> HostStep: ...
 
 
 @dataclasses.dataclass(frozen=True)
