@@ -1,15 +1,21 @@
 """``make(name, **params) -> (env, params)``, like ``gymnax.make``: the env and its ``EnvParams`` with
-the given fields replaced. Registered: "frozen_lake", "bandit", "sokoban", "countdown"."""
+the given fields replaced. Registered: "frozen_lake", "bandit", "sokoban", "countdown".
+
+``HOST_REGISTRY`` names the host environments (plain-Python classes satisfying ``envs.host.HostEnv``,
+stepped by ``rollout.mode = "host"``); ``make_host(name, **params)`` returns a picklable factory of one
+episode's env, called once per row (in worker processes too)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 from envs.bandit import Bandit
 from envs.base import TextEnv
 from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
+from envs.host import HostEnv
 from envs.sokoban import SokobanEnv
 
 REGISTRY: dict[str, Callable[[], TextEnv]] = {
@@ -30,3 +36,12 @@ def make(name: str, **params: Any) -> tuple[TextEnv, Any]:
     if unknown:
         raise ValueError(f"{name} has no parameter(s) {unknown}; its parameters are {sorted(fields)}")
     return env, defaults.replace(**params)
+
+
+HOST_REGISTRY: dict[str, Callable[..., HostEnv]] = {}
+
+
+def make_host(name: str, **params: Any) -> Callable[[], HostEnv]:
+    if name not in HOST_REGISTRY:
+        raise ValueError(f"unknown host env {name!r}; registered host envs: {sorted(HOST_REGISTRY)}")
+    return functools.partial(HOST_REGISTRY[name], **params)
