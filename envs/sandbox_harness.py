@@ -10,7 +10,7 @@ CAP_SYS_RESOURCE in the host's user namespace), then:
   - call: defines the program under the module name "solution" (so a ``__main__`` block does not
     run), calls ``Solution().<func_name>(*args)`` when it defines ``Solution``, else ``<func_name>(*args)``
     (RAGEN's DeepCoder harness), with the program's own prints discarded, and writes one last stdout
-    line: ``{"str": str(result), "json": <result as JSON or null>}``.
+    line: ``{"str": str(result), "json": <the result as JSON, absent when not encodable>}``.
 The expected outputs never enter the sandbox: the host compares, so a program cannot read them.
 """
 
@@ -50,11 +50,12 @@ def call_mode() -> None:
             print(f"function {func_name!r} not found", file=sys.stderr)
             sys.exit(3)
         result = target(*args)
+    report = {"str": str(result)}
     try:
-        encoded = json.loads(json.dumps(result))
+        report["json"] = json.loads(json.dumps(result))
     except (TypeError, ValueError):
-        encoded = None
-    real_stdout.write("\n" + json.dumps({"str": str(result), "json": encoded}) + "\n")
+        pass  # not JSON-encodable: only the str comparison applies
+    real_stdout.write("\n" + json.dumps(report) + "\n")
     real_stdout.flush()
 
 
