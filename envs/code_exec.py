@@ -1,7 +1,8 @@
 """Code execution (RAGEN-2's DeepCoder task, ``ragen/env/deepcoder/env.py``) as a host env.
 
 One turn, one action: the answer is a Python program (a fenced block inside the answer is accepted,
-``envs/code_grading.py``), run against the problem's tests in a bubblewrap sandbox
+``envs/code_grading.py``; RAGEN's parse splits every answer on "||" and keeps the first piece, so a
+program must not contain "||"), run against the problem's tests in a bubblewrap sandbox
 (``envs/sandbox.py``), 3 s of wall clock per test. Turn reward = passed tests / total tests, success =
 all passed, the episode ends after the graded answer (RAGEN ``max_steps`` 1). A response that does
 not parse gives no action: reward 0, the rollout's format penalty, the episode goes on (RAGEN: the env

@@ -41,6 +41,8 @@ INSTALL_HINT = (
     "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 where that knob exists)"
 )
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_harness.py")
+with open(HARNESS, encoding="utf-8") as _f:
+    HARNESS_TEXT = _f.read()
 NOBODY = 65534
 # Interpreters tried in order; a system interpreter is readable by ``nobody`` (a pyenv or venv one
 # under /root usually is not).
@@ -139,7 +141,8 @@ class Sandbox:
         if result.stdout.strip() == "42":
             return None
         why = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
-        return f"bwrap cannot start a sandbox here ({why}); {INSTALL_HINT}"
+        return (f"bwrap cannot run {self.python} in a sandbox here ({why}); if the interpreter is the problem, "
+                f"pass python= a system interpreter every user can read; {INSTALL_HINT}")
 
     def command(self, workdir: str) -> list[str]:
         lim = self.limits
@@ -162,7 +165,7 @@ class Sandbox:
         with tempfile.TemporaryDirectory(prefix="ragen-sandbox-") as workdir:
             # The sandbox may run as ``nobody``: its files must be world-readable.
             os.chmod(workdir, 0o755)
-            files = {"program.py": program, "mode": mode, "harness.py": open(HARNESS, encoding="utf-8").read()}
+            files = {"program.py": program, "mode": mode, "harness.py": HARNESS_TEXT}
             if call is not None:
                 files["func_name"], files["args"] = call
             for name, text in files.items():
@@ -183,6 +186,8 @@ class Sandbox:
         if timed_out or exceeded:
             proc.kill()
         returncode = proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
         return RunResult(returncode, out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace"),
                          timed_out, exceeded, time.monotonic() - start)
 

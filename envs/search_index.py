@@ -3,7 +3,8 @@
 RAGEN-2 retrieves with a dense E5 + FAISS server over 21M Wikipedia passages (``ragen/env/search/
 retrieval_client.py``); a local BM25 index is the self-contained stand-in: no server, no GPU, no
 download, deterministic. The index (title + text, lower-cased, English stop words removed, no
-stemming, bm25s's Lucene BM25 with k1 = 1.5, b = 0.75) is built once per corpus and process.
+stemming, bm25s's Lucene BM25 with k1 = 1.5, b = 0.75) is built once per corpus and process
+(``envs/search_qa.py`` caches it).
 
 Results are written as RAGEN's client writes them: "[Document i] (ID: {id}, Score: {score:.3f})\\n{text}",
 each text cut at 800 characters (+ "..."), joined by blank lines, the whole cut at ``max_total_chars``
@@ -12,8 +13,6 @@ the query (score 0) are not hits.
 """
 
 from __future__ import annotations
-
-import functools
 
 import bm25s
 import numpy as np
@@ -45,12 +44,6 @@ class BM25Index:
         scores = np.asarray(self.retriever.get_scores(ids), np.float64)
         order = np.lexsort((np.arange(len(scores)), -scores))[:k]
         return [(self.passages[i], float(scores[i])) for i in order if scores[i] > 0]
-
-
-@functools.lru_cache(maxsize=8)
-def index_for(passages: tuple[Passage, ...]) -> BM25Index:
-    """One index per corpus per process (every episode's env shares it)."""
-    return BM25Index(passages)
 
 
 def format_results(hits: list[tuple[Passage, float]], max_total_chars: int = 4000) -> str:

@@ -16,11 +16,13 @@ contexts as the corpus unless ``corpus_path`` is given).
 
 from __future__ import annotations
 
+import functools
+
 from envs.host import HostStep
 from envs.host_text import HostPrompt, parse_answer
 from envs.qa_reward import AnswerScore, extract_answer, score_answer
 from envs.search_data import Question, load_corpus, load_hotpotqa, load_questions
-from envs.search_index import format_results, index_for
+from envs.search_index import BM25Index, format_results
 from envs.search_world import CORPUS_PATH, QUESTIONS_PATH
 
 # RAGEN config/envs.yaml, SearchQA: env_instruction (a YAML block, its trailing newline kept) and max_tokens.
@@ -40,19 +42,26 @@ MAX_RESPONSE_TOKENS = 300
 ACTIONS_LINE = "Available actions: search[<query>], finish[<answer>]"
 
 
+@functools.lru_cache(maxsize=8)
+def _data(questions_path: str, corpus_path: str, hotpotqa_path: str) -> tuple[tuple[Question, ...], BM25Index]:
+    """The questions and the index of one data choice, built once per process (keyed by the paths, so a
+    large corpus is neither re-read nor re-hashed for every episode)."""
+    if hotpotqa_path:
+        questions, corpus = load_hotpotqa(hotpotqa_path)
+        corpus = load_corpus(corpus_path) if corpus_path else corpus
+    else:
+        questions = load_questions(questions_path or QUESTIONS_PATH)
+        corpus = load_corpus(corpus_path or CORPUS_PATH)
+    return questions, BM25Index(corpus)
+
+
 class SearchQAEnv:
     """One episode of SearchQA (``envs.host.HostEnv``). See the module docstring for the parameters."""
 
     def __init__(self, questions_path: str = "", corpus_path: str = "", hotpotqa_path: str = "",
                  prompt_style: str = "ragen", max_response_tokens: int = MAX_RESPONSE_TOKENS, max_steps: int = 10,
                  top_k: int = 5, max_total_chars: int = 4000, f1_threshold: float = 0.3) -> None:
-        if hotpotqa_path:
-            self.questions, corpus = load_hotpotqa(hotpotqa_path)
-            corpus = load_corpus(corpus_path) if corpus_path else corpus
-        else:
-            self.questions = load_questions(questions_path or QUESTIONS_PATH)
-            corpus = load_corpus(corpus_path or CORPUS_PATH)
-        self.index = index_for(corpus)
+        self.questions, self.index = _data(questions_path, corpus_path, hotpotqa_path)
         self.prompt = HostPrompt(INSTRUCTION, prompt_style, max_response_tokens)
         self.max_steps, self.top_k = max_steps, top_k
         self.max_total_chars, self.f1_threshold = max_total_chars, f1_threshold

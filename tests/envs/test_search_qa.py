@@ -14,7 +14,7 @@ from envs.host import HostEnv
 from envs.qa_reward import exact_match, extract_answer, f1_score, normalize_answer, score_answer
 from envs.registry import HOST_REGISTRY, make_host
 from envs.search_data import load_corpus, load_hotpotqa, load_questions
-from envs.search_index import NO_RESULTS, BM25Index, format_results, index_for
+from envs.search_index import NO_RESULTS, BM25Index, format_results
 from envs.search_qa import SearchQAEnv
 
 # --- an independent reference of SQuAD's normalisation: no regular expressions, character classes by hand.
@@ -81,7 +81,7 @@ def test_reward_rule_by_hand():
 
 @pytest.fixture(scope="module")
 def index() -> BM25Index:
-    return index_for(load_corpus())
+    return BM25Index(load_corpus())
 
 
 def test_retrieval_finds_the_gold_passages(index):
@@ -195,3 +195,4 @@ def test_shipped_data_is_the_generator_output():
 def test_factory_pickles():
     env = pickle.loads(pickle.dumps(make_host("search_qa", prompt_style="compact", max_steps=4)))()
     assert env.max_steps == 4 and env.reset(3).startswith("\nTurn 1:\nQuestion: ")
+    assert SearchQAEnv().index is env.index  # one index per data choice and process, shared by every episode
