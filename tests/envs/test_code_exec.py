@@ -4,6 +4,7 @@ the DeepCoder-format loader and the shipped problems. Expected values are writte
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 
@@ -53,7 +54,8 @@ def test_loader_reads_deepcoder_rows():
     assert taco.tests[0].functional is False and taco.tests[0].output == "3\n"
     assert taco.question == "Sum.\n\nStarter code:\nclass Solution:\n    pass"
     # A functional test without a func_name is read as stdin/stdout (RAGEN).
-    assert not problem_from_row({"problem": "p", "tests": [{"input": "1", "output": "1", "testtype": "functional"}]}).tests[0].functional
+    untyped = problem_from_row({"problem": "p", "tests": [{"input": "1", "output": "1", "testtype": "functional"}]})
+    assert not untyped.tests[0].functional
 
 
 def test_answer_program_extraction():
@@ -63,7 +65,8 @@ def test_answer_program_extraction():
     starter = "class Solution:\n    def f(self, x):\n        pass"
     assert assemble_program("def f(self, x):\n    return x", starter) == (
         starter + "\n\n    def f(self, x):\n        return x")
-    assert assemble_program("class Solution:\n    def f(self, x): return x", starter) == "class Solution:\n    def f(self, x): return x"
+    own_class = "class Solution:\n    def f(self, x): return x"
+    assert assemble_program(own_class, starter) == own_class
     assert call_arguments("[1, 2]\n\"a\"\ntrue\nNone") == [[1, 2], "a", True, None]
     assert call_arguments([1, 2]) == [1, 2]
     assert call_arguments("not a literal ((") == ["not a literal (("]
@@ -117,8 +120,6 @@ def test_episode_text_and_rewards(env):
 
 
 def test_factory_pickles(box):
-    import pickle
-
     factory = pickle.loads(pickle.dumps(make_host("code_exec", prompt_style="compact", limits={"wall_seconds": 2.0})))
     env = factory()
     assert env.sandbox.limits.wall_seconds == 2.0 and env.reset(0).startswith("\nTurn 1:\n")
