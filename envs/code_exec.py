@@ -38,15 +38,17 @@ class CodeExecEnv:
     data_path: a DeepCoder-format .jsonl / .json file (default: the shipped problems);
     prompt_style: "ragen" | "compact"; max_response_tokens: shown in the turn text;
     limits: ``SandboxLimits`` fields to change (e.g. {"wall_seconds": 5.0});
-    python / bwrap: the sandbox's interpreter and bwrap binary (defaults: the system's).
+    python / bwrap: the sandbox's interpreter and bwrap binary (defaults: the system's);
+    test_workers: tests of one answer run at once (1: one after the other).
     """
 
     def __init__(self, data_path: str = "", prompt_style: str = "ragen",
                  max_response_tokens: int = MAX_RESPONSE_TOKENS, limits: dict[str, Any] | None = None,
-                 python: str = "", bwrap: str = "") -> None:
+                 python: str = "", bwrap: str = "", test_workers: int = 1) -> None:
         self.problems = load_code_problems(data_path or DEFAULT_PATH)
         self.sandbox = Sandbox(SandboxLimits(**(limits or {})), python or None, bwrap or None)
         self.prompt = HostPrompt(INSTRUCTION, prompt_style, max_response_tokens)
+        self.test_workers = test_workers
         self.problem: CodeProblem | None = None
         self.turn = 0
         self.last_grade: Grade | None = None
@@ -68,7 +70,7 @@ class CodeExecEnv:
                 self.turn, self.problem.question, actions_left=1, warning=True)
             return HostStep(reward=0.0, done=False, success=False, format_ok=False, n_valid=0, n_executed=0,
                             next_user_text=next_text)
-        self.last_grade = grade(self.sandbox, self.problem, pieces[0])
+        self.last_grade = grade(self.sandbox, self.problem, pieces[0], self.test_workers)
         reward = self.last_grade.reward
         observation = "Correct!" if self.last_grade.success else "Incorrect."
         next_text = self.prompt.reward_text(reward) + self.prompt.turn_text(self.turn, observation, actions_left=0)

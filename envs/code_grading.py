@@ -22,7 +22,9 @@ Where this differs from RAGEN, on purpose:
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import dataclasses
+import functools
 import json
 import re
 from typing import Any
@@ -132,14 +134,20 @@ def run_test(sandbox: Sandbox, program: str, test: CodeTest, func_name: str | No
     return check_stdio(sandbox.run("stdio", program, str(test.input if test.input is not None else "")), test.output)
 
 
-def grade(sandbox: Sandbox, problem: CodeProblem, answer: str) -> Grade:
-    """Run every test of ``problem`` on the program in ``answer``; detail: RAGEN's summary line."""
+def grade(sandbox: Sandbox, problem: CodeProblem, answer: str, workers: int = 1) -> Grade:
+    """Run every test of ``problem`` on the program in ``answer``; detail: RAGEN's summary line.
+    workers > 1 runs that many tests at once (each is its own sandbox; the result is the same)."""
     if not problem.tests:
         return Grade(0, 0, "No tests available.")
     program = assemble_program(extract_program(answer), problem.starter_code)
+    run = functools.partial(run_test, sandbox, program, func_name=problem.func_name)
+    if workers > 1:
+        with concurrent.futures.ThreadPoolExecutor(min(workers, len(problem.tests))) as pool:
+            results = list(pool.map(run, problem.tests))
+    else:
+        results = [run(test) for test in problem.tests]
     passed, first_failure = 0, ""
-    for index, test in enumerate(problem.tests):
-        ok, why = run_test(sandbox, program, test, problem.func_name)
+    for index, (ok, why) in enumerate(results):
         passed += ok
         if not ok and not first_failure:
             first_failure = f" Test {index}: {why}"[:DETAIL_CHARS]

@@ -79,6 +79,7 @@ def test_correct_wrong_and_partial(box):
     partial = grade(box, clamp, LOW_ONLY)
     assert (partial.passed, partial.reward, partial.success) == (3, 3 / 5, False)
     assert partial.detail.startswith("Passed 3/5 tests. Test 2: got 12 expected 10")
+    assert grade(box, clamp, LOW_ONLY, workers=3) == partial  # tests run at once: the same grade
     wrong = grade(box, clamp, "def clamp(x, lo, hi):\n    return None\n")
     assert (wrong.passed, wrong.reward, wrong.success) == (0, 0.0, False)
     assert grade(box, clamp, "def clamp(x, lo, hi) syntax error").reward == 0.0
