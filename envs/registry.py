@@ -2,7 +2,8 @@
 the given fields replaced. Registered: "frozen_lake", "bandit", "sokoban", "countdown".
 
 ``HOST_REGISTRY`` names the host environments (plain-Python classes satisfying ``envs.host.HostEnv``,
-stepped by ``rollout.mode = "host"``); ``make_host(name, **params)`` returns a picklable factory of one
+stepped by ``rollout.mode = "host"``): "code_exec" (``envs/code_exec.py``) and "search_qa"
+(``envs/search_qa.py``); ``make_host(name, **params)`` returns a picklable factory of one
 episode's env, called once per row (in worker processes too)."""
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Any, Callable
 
 from envs.bandit import Bandit
 from envs.base import TextEnv
+from envs.code_exec import CodeExecEnv
 from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
 from envs.host import HostEnv
+from envs.search_qa import SearchQAEnv
 from envs.sokoban import SokobanEnv
 
 REGISTRY: dict[str, Callable[[], TextEnv]] = {
@@ -38,7 +41,10 @@ def make(name: str, **params: Any) -> tuple[TextEnv, Any]:
     return env, defaults.replace(**params)
 
 
-HOST_REGISTRY: dict[str, Callable[..., HostEnv]] = {}
+HOST_REGISTRY: dict[str, Callable[..., HostEnv]] = {
+    "code_exec": CodeExecEnv,  # needs bubblewrap (envs/sandbox.py)
+    "search_qa": SearchQAEnv,
+}
 
 
 def make_host(name: str, **params: Any) -> Callable[[], HostEnv]:

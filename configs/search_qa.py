@@ -1,0 +1,38 @@
+"""SearchQA (RAGEN-2's HotpotQA search task) for a real model: ``--config.model.hf_path=/path/to/Qwen2.5-3B-Instruct``.
+
+A host env (``envs/search_qa.py``, ``rollout.mode = "host"``): ``search[query]`` returns the top 5
+passages of a local BM25 index (RAGEN uses a dense retrieval server), ``finish[answer]`` is scored by
+exact match / F1. Not for the tiny CPU default (no warm start for free-text search; ``init = "random"``
+loads the checkpoint's weights).
+
+RAGEN-2's run (``config/_9_search.yaml``): Qwen2.5-3B-Instruct, PPO, 16 groups x 8, 5 turns of one action,
+200 steps, mini-batch 32. Data: the shipped invented-world corpus and questions by default; a HotpotQA
+JSON file (``--config.env.params.hotpotqa_path=...``: its questions, its contexts as the corpus) or
+your own JSONL files (``questions_path``, ``corpus_path``). A turn after a search carries up to
+``max_total_chars`` (4000) characters of results: size the host rollout's user-message width for it.
+"""
+
+import ml_collections
+
+from configs.base import get_config as base_config
+
+
+def get_config(algorithm: str = ""):
+    c = base_config(algorithm or "ppo")
+    c.env.name = "search_qa"
+    c.env.prompt_style = "ragen"
+    c.env.max_actions_per_turn = 1
+    # Keyword arguments of envs.search_qa.SearchQAEnv (through envs.registry.make_host).
+    c.env.params = ml_collections.ConfigDict({"questions_path": "", "corpus_path": "", "hotpotqa_path": "",
+                                              "max_steps": 10, "top_k": 5})
+    c.model.tokenizer = "hf"
+    c.model.dtype = "bfloat16"
+    c.init = "random"
+    c.rollout.mode = "host"
+    c.rollout.n_groups = 16
+    c.rollout.group_size = 8
+    c.rollout.max_turns = 5
+    c.rollout.max_new_tokens = 300
+    c.algorithm.mini_batch_size = 32
+    c.trainer.total_steps = 200
+    return c
