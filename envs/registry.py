@@ -1,5 +1,6 @@
 """``make(name, **params) -> (env, params)``, like ``gymnax.make``: the env and its ``EnvParams`` with
-the given fields replaced. Registered: "frozen_lake", "bandit", "sokoban", "countdown".
+the given fields replaced. Registered: "frozen_lake", "bandit", "sokoban", "countdown",
+"math_qa".
 
 ``HOST_REGISTRY`` names the host environments (plain-Python classes satisfying ``envs.host.HostEnv``,
 stepped by ``rollout.mode = "host"``); ``make_host(name, **params)`` returns a picklable factory of one
@@ -16,6 +17,7 @@ from envs.base import TextEnv
 from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
 from envs.host import HostEnv
+from envs.math_qa import MathQA
 from envs.sokoban import SokobanEnv
 
 REGISTRY: dict[str, Callable[[], TextEnv]] = {
@@ -23,6 +25,7 @@ REGISTRY: dict[str, Callable[[], TextEnv]] = {
     "bandit": Bandit,
     "sokoban": SokobanEnv,
     "countdown": Countdown,
+    "math_qa": MathQA,
 }
 
 
