@@ -247,6 +247,10 @@ def test_env_on_a_file_checks_answers_on_device(tmp_path):
     assert float(reward) == 0.5 and bool(done) and bool(right.success)  # RAGEN: 1 / 2**attempt
     _, _, reward, _, info = step(state, "the big one" + " " * 60)  # longer than max_action_bytes
     assert float(reward) == 0.0 and bool(info["action_too_long"])
+    # Host mode's parse of RAGEN's answer pieces checks the same way.
+    parsed, n_valid = env.parse_pieces(["The  big\u3000one"], True, True, state, params, 1)
+    _, reward, done, info = env.step_turn(jax.random.PRNGKey(2), state, parsed, params)
+    assert n_valid == 1 and float(reward) == 1.0 and bool(done) and bool(info["format_ok"])
 
 
 # ----- render, parse, step --------------------------------------------------------------------------
