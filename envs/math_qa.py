@@ -54,7 +54,7 @@ _INVALID_BYTE = 0xFF  # never part of valid UTF-8
 @struct.dataclass
 class MathQAParams(TextEnvParams):
     """max_actions: RAGEN max_actions_per_traj (1: a single attempt).
-    data_path: "" = generated problems, else a local MetaMathQA / GSM8K file (.json, .jsonl, .parquet).
+    data_path: "" = generated problems, else a local MetaMathQA / GSM8K file (.json, .jsonl).
     num_items: generated problems in the table; for a file, at most this many items (a seeded subset,
       0 = all). data_seed: the generator's seed (the subset's for a file).
     max_label_bytes: the widest normalised label (longer ones are dropped); max_question_bytes: the

@@ -7,8 +7,8 @@ answer is normalised here, inside jit, from its UTF-8 bytes, exactly as Python w
 1. Decode: a position starts a character when its bytes form a valid UTF-8 sequence (no overlong forms,
    no surrogates, <= U+10FFFF). Any other byte makes the answer invalid: the reference decodes it as
    U+FFFD, which no label contains (``math_qa_data`` drops such labels), so an invalid answer is wrong.
-2. Lower-case every character with Python's ``str.lower`` mapping (a sorted table of the 1,433
-   characters it changes, looked up with a binary search; U+0130 becomes two characters), including
+2. Lower-case every character with Python's ``str.lower`` mapping (a sorted table of the characters it
+   changes, 1,433 in CPython 3.11, looked up with a binary search; U+0130 becomes two characters), including
    the final-sigma rule: U+03A3 lowers to "ς" when a cased character precedes it and none follows it
    (skipping case-ignorable characters), else to "σ"; the Cased and Case_Ignorable properties are
    probed from ``str.lower`` itself, so they are the running Python's.

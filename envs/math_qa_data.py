@@ -13,7 +13,7 @@ Sources
 - A local file: MetaMathQA (``meta-math/MetaMathQA``: a JSON list, or JSONL, of {"query", "response", ...};
   label = RAGEN's ``_extract_answer``: the text after the first "The answer is: " to the end, stripped)
   or GSM8K (JSONL of {"question", "answer"}; label = the text after "####", stripped). The format is
-  read from the first record's keys; ``.parquet`` is read with pyarrow when it is installed.
+  read from the first record's keys (parquet is not read: pyarrow is not a declared dependency).
   Items without a label, whose normalised label is empty or contains U+FFFD (a decoded invalid byte,
   which no response can match on device), or longer than the table's limits are dropped.
 
@@ -189,9 +189,9 @@ def _gsm8k_item(record: dict) -> tuple[str, str | None, str]:
 
 def _records(path: str) -> list[dict]:
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq  # optional: only for parquet files
-
-        return pq.read_table(path).to_pylist()
+        raise ValueError(f"math_qa reads JSON / JSONL files, not parquet ({path!r}): pyarrow is not a declared "
+                         "dependency; convert the file to JSONL once (e.g. with pandas: "
+                         "read_parquet(path).to_json(out, orient='records', lines=True))")
     with open(path, encoding="utf-8") as f:
         text = f.read()
     stripped = text.lstrip()

@@ -16,7 +16,7 @@ Sources (``envs/math_qa_data.py``):
   0..train_size-1 of ``train_seed`` and ``validation`` those of ``validation_seed`` (the env's table
   with ``data_seed`` = train_seed holds the same first problems).
 - a local MetaMathQA file (JSON list or JSONL of {"query", "response"}; label after "The answer is: ")
-  or GSM8K file (JSONL of {"question", "answer"}; label after "####"), or either as .parquet: one split
+  or GSM8K file (JSONL of {"question", "answer"}; label after "####"): one split
   ``train`` with every usable item in file order (RAGEN samples MetaMathQA's train split for training
   and validation alike). Unusable items (no label, an empty or over-long normalised label) are dropped.
 """

@@ -213,11 +213,9 @@ def test_files_are_read_with_ragen_labels(tmp_path):
     assert fmt == "gsm8k"
     assert items[0] == (GSM8K[0]["question"], "7", "3+4=7 apples.")
     assert [label for _, label, _ in items] == ["7", "1,000"]
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pylist(GSM8K), str(tmp_path / "gsm8k.parquet"))
-    assert read_file(str(tmp_path / "gsm8k.parquet")) == (fmt, items)
+    (tmp_path / "gsm8k.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match="JSONL"):
+        read_file(str(tmp_path / "gsm8k.parquet"))
     (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "x"}))
     with pytest.raises(ValueError, match="'query' and 'response'"):
         read_file(str(tmp_path / "bad.jsonl"))
