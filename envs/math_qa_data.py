@@ -89,15 +89,16 @@ def _buy_and_give(rng: random.Random) -> tuple[str, list[Step]]:
 
 
 def _bags_and_found(rng: random.Random) -> tuple[str, list[Step]]:
-    (name, he), thing = rng.choice(NAMES), rng.choice(THINGS)
+    (name, _), thing = rng.choice(NAMES), rng.choice(THINGS)
     a, b, c = rng.randint(2, 6), rng.randint(2, 9), rng.randint(1, 9)
-    question = f"{name} buys {a} bags with {b} {thing} in each bag and finds {c} more. How many {thing} does {name} have?"
+    question = (f"{name} buys {a} bags with {b} {thing} in each bag and finds {c} more. "
+                f"How many {thing} does {name} have?")
     s1 = _step(a, "*", b)
     return question, [s1, _step(s1.result, "+", c)]
 
 
-def _share_and_eat(rng: random.Random) -> tuple[str, list[Step]]:
-    (name, he), thing = rng.choice(NAMES), rng.choice(THINGS)
+def _share_and_lose(rng: random.Random) -> tuple[str, list[Step]]:
+    (name, _), thing = rng.choice(NAMES), rng.choice(THINGS)
     k, q = rng.randint(2, 5), rng.randint(2, 9)
     e = rng.randint(1, q - 1)
     question = (f"{name} shares {k * q} {thing} equally among {k} friends. Each friend loses {e}. "
@@ -121,7 +122,8 @@ def _rows_broken_new(rng: random.Random) -> tuple[str, list[Step]]:
     a, b = rng.randint(2, 6), rng.randint(2, 8)
     c = rng.randint(1, a * b - 1)
     d = rng.randint(1, 9)
-    question = f"A class has {a} rows of {b} desks. {c} desks break and {d} new desks arrive. How many desks are there now?"
+    question = (f"A class has {a} rows of {b} desks. {c} desks break and {d} new desks arrive. "
+                "How many desks are there now?")
     s1 = _step(a, "*", b)
     s2 = _step(s1.result, "-", c)
     return question, [s1, s2, _step(s2.result, "+", d)]
@@ -151,7 +153,7 @@ def _pens_of_birds(rng: random.Random) -> tuple[str, list[Step]]:
 
 
 TEMPLATES: tuple[Callable[[random.Random], tuple[str, list[Step]]], ...] = (
-    _buy_and_give, _bags_and_found, _share_and_eat, _boxes_more_away, _rows_broken_new, _earn_spend_earn,
+    _buy_and_give, _bags_and_found, _share_and_lose, _boxes_more_away, _rows_broken_new, _earn_spend_earn,
     _pens_of_birds,
 )
 

@@ -109,7 +109,8 @@ def adversarial(label: str, rng: random.Random) -> bytes:
         chars[i] = rng.choice(UNICODE) + (chars[i] if rng.random() < 0.5 else "")
         out = "".join(chars)
     elif kind == 9:  # greek words, final sigma context
-        out = rng.choice(["ΟΔΟΣ", "οδοσ", "οδος", "ΟΔΟΣ ", "ΣΑ", "σα", "ας", "ΑΣ", "ΑΣ'Σ", "ασ'ς", "Α\u0301Σ", "ΣΣ"])
+        out = rng.choice(["ΟΔΟΣ", "οδοσ", "οδος", "ΟΔΟΣ ", "ΣΑ", "σα", "ας", "ΑΣ", "ΑΣ'Σ", "ασ'ς", "Α\u0301Σ",
+                          "ΣΣ"])
     elif kind == 10:  # one character changed
         chars = list(label) or ["x"]
         chars[rng.randrange(len(chars))] = rng.choice("0123456789abcXYZ ,.-")
