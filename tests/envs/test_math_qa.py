@@ -233,11 +233,13 @@ def test_env_on_a_file_checks_answers_on_device(tmp_path):
     _, states = jax.vmap(env.reset_env, in_axes=(0, None))(keys, params)
     assert set(np.asarray(states.item).tolist()) == {0, 1, 2}  # uniform over the table
 
+    step_env = jax.jit(lambda state, action: env.step_env(jax.random.PRNGKey(1), state, action, params))
+
     def step(state, answer: str):
         raw = answer.encode("utf-8")
         text = np.zeros((params.max_action_bytes,), np.uint8)
         text[: min(len(raw), text.size)] = np.frombuffer(raw[: text.size], np.uint8)
-        return env.step_env(jax.random.PRNGKey(1), state, MathQAAction(text, jnp.int32(len(raw))), params)
+        return step_env(state, MathQAAction(text, jnp.int32(len(raw))))
 
     state = jax.tree.map(lambda x: x[int(np.argmax(np.asarray(states.item) == 2))], states)
     _, wrong, reward, done, info = step(state, "the big one?")
@@ -248,7 +250,7 @@ def test_env_on_a_file_checks_answers_on_device(tmp_path):
     assert float(reward) == 0.0 and bool(info["action_too_long"])
     # Host mode's parse of RAGEN's answer pieces checks the same way.
     parsed, n_valid = env.parse_pieces(["The  big\u3000one"], True, True, state, params, 1)
-    _, reward, done, info = env.step_turn(jax.random.PRNGKey(2), state, parsed, params)
+    _, reward, done, info = jax.jit(lambda s, p: env.step_turn(jax.random.PRNGKey(2), s, p, params))(state, parsed)
     assert n_valid == 1 and float(reward) == 1.0 and bool(done) and bool(info["format_ok"])
 
 
@@ -259,13 +261,13 @@ def test_render_on_device_equals_render_text():
     for style in ("ragen", "compact"):
         layer = env.text_layer(TOK, params, prompt_style=style, max_actions_per_turn=1)
         assert layer.system_text().startswith("You're a helpful assistant. You are solving Math problems. ") == (style == "ragen")
-        keys = jax.random.split(jax.random.PRNGKey(1), 64)
+        keys = jax.random.split(jax.random.PRNGKey(1), 32)
         _, states = jax.vmap(env.reset_env, in_axes=(0, None))(keys, params)
         wrong = states.replace(time=states.time + 1)
         for batch in (states, wrong):
             tokens, lengths = jax.jit(jax.vmap(layer.render))(batch)
             turns, turn_lengths = jax.jit(jax.vmap(layer.render_turn, in_axes=(0, None)))(batch, jnp.int32(1))
-            for i in range(64):
+            for i in range(32):
                 one = jax.tree.map(lambda x: x[i], batch)
                 assert TOK.decode(np.asarray(tokens[i, : lengths[i]]).tolist()) == layer.render_text(one)
                 assert TOK.decode(np.asarray(turns[i, : turn_lengths[i]]).tolist()) == layer.turn_text(one, 1)
@@ -281,7 +283,7 @@ def test_parse_and_step_turn_match_ragen_pipeline():
     table = item_table(params)
     exact = env.text_layer(TOK, params, max_actions_per_turn=1, bytes_per_token=None, answer_window=None)
     windowed = env.text_layer(TOK, params, max_actions_per_turn=1)  # the rollout's defaults (window 64)
-    keys = jax.random.split(jax.random.PRNGKey(2), 512)
+    keys = jax.random.split(jax.random.PRNGKey(2), 256)
     _, states = jax.vmap(env.reset_env, in_axes=(0, None))(keys, params)
     responses = []
     for item in np.asarray(states.item).tolist():
