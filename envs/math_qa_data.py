@@ -7,8 +7,9 @@ demonstrations write before the answer.
 Sources
 -------
 - Generated (the default; no data can be downloaded at run time): grade-school word problems of 2-4
-  arithmetic steps with exact integer answers and small numbers (operands <= 20, results <= 200), so a
-  tiny character-level model can learn them. Item i of seed s is drawn by ``random.Random(f"math_qa:{s}:{i}")``
+  arithmetic steps (+ - * and exact /) over small numbers: factors <= 9, every number in a question and
+  every intermediate result in 1..99, questions <= 140 characters, so a tiny character-level model can
+  learn them. Item i of seed s is drawn by ``random.Random(f"math_qa:{s}:{i}")``
   (seeding with a string is stable across runs and platforms), so it does not depend on the table size.
 - A local file: MetaMathQA (``meta-math/MetaMathQA``: a JSON list, or JSONL, of {"query", "response", ...};
   label = RAGEN's ``_extract_answer``: the text after the first "The answer is: " to the end, stripped)

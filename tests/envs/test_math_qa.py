@@ -167,13 +167,14 @@ def test_generator_is_deterministic_and_its_answers_are_right():
     seen = set()
     for p in problems + other:
         template, answer = reference_answer(p.question)
+        assert all(1 <= int(x) <= 99 for x in re.findall(r"\d+", p.question)) and len(p.question) <= 140
         seen.add(template)
         assert p.answer == answer >= 1 and p.template == template
         assert 2 <= len(p.steps) <= 4
         for step in p.steps:  # the worked steps are true, with small numbers
             assert eval(f"{step.left} {step.op} {step.right}".replace("/", "//")) == step.result  # noqa: S307
             assert step.op != "/" or step.left % step.right == 0
-            assert 0 <= step.result <= 200
+            assert 1 <= step.result <= 99
         assert p.solution.endswith(f"= {answer}.")
     assert seen == set(range(len(TEMPLATES)))
     table = load_table("", 64, 0, 32, 0)
