@@ -17,9 +17,9 @@ parse and the check all run inside the jitted rollout (``envs/math_qa_check.py``
 The action is free text (like Countdown's): the first non-blank stripped "||"-piece of the answer,
 as bytes (``MathQAAction``). Bytes that were not valid UTF-8 in the response are written as 0xFF, which
 never matches (the reference decodes them as U+FFFD, which no label holds). An action longer than
-``max_action_bytes`` scores 0 (``action_too_long``); the text layer's ``answer_window`` (64 bytes by
-default) makes a longer answer an invalid turn, as for every env. Items whose normalised label is longer
-than ``max_label_bytes`` are not in the table.
+``max_action_bytes`` (128) scores 0 (``action_too_long``); a text layer built with an ``answer_window``
+makes a longer answer an invalid turn, as for every env. Items whose normalised label is longer than
+``max_label_bytes`` are not in the table.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class MathQAParams(TextEnvParams):
     data_seed: int = struct.field(pytree_node=False, default=0)
     max_label_bytes: int = struct.field(pytree_node=False, default=32)
     max_question_bytes: int = struct.field(pytree_node=False, default=0)
-    max_action_bytes: int = struct.field(pytree_node=False, default=64)
+    max_action_bytes: int = struct.field(pytree_node=False, default=128)
 
 
 @struct.dataclass

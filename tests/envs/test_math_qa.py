@@ -247,7 +247,7 @@ def test_env_on_a_file_checks_answers_on_device(tmp_path):
     assert float(reward) == 0.0 and not bool(done) and int(wrong.time) == 1
     _, right, reward, done, _ = step(wrong, " the  BIG one ")
     assert float(reward) == 0.5 and bool(done) and bool(right.success)  # RAGEN: 1 / 2**attempt
-    _, _, reward, _, info = step(state, "the big one" + " " * 60)  # longer than max_action_bytes
+    _, _, reward, _, info = step(state, "the big one" + " " * params.max_action_bytes)  # too long to check
     assert float(reward) == 0.0 and bool(info["action_too_long"])
     # Host mode's parse of RAGEN's answer pieces checks the same way.
     parsed, n_valid = env.parse_pieces(["The  big\u3000one"], True, True, state, params, 1)
