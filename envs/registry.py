@@ -1,5 +1,6 @@
 """``make(name, **params) -> (env, params)``, like ``gymnax.make``: the env and its ``EnvParams`` with
-the given fields replaced. Registered: "frozen_lake", "bandit", "sokoban", "countdown".
+the given fields replaced. Registered: "frozen_lake", "bandit", "sokoban", "countdown",
+"math_qa".
 
 ``HOST_REGISTRY`` names the host environments (plain-Python classes satisfying ``envs.host.HostEnv``,
 stepped by ``rollout.mode = "host"``): "code_exec" (``envs/code_exec.py``) and "search_qa"
@@ -18,6 +19,7 @@ from envs.code_exec import CodeExecEnv
 from envs.countdown import Countdown
 from envs.frozen_lake import FrozenLake
 from envs.host import HostEnv
+from envs.math_qa import MathQA
 from envs.search_qa import SearchQAEnv
 from envs.sokoban import SokobanEnv
 
@@ -26,6 +28,7 @@ REGISTRY: dict[str, Callable[[], TextEnv]] = {
     "bandit": Bandit,
     "sokoban": SokobanEnv,
     "countdown": Countdown,
+    "math_qa": MathQA,
 }
 
 

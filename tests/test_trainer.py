@@ -38,7 +38,7 @@ def _final_params(config, run_dir):
 # FrozenLake's run is in the fast selection, so that `pytest` alone exercises the training loop (MI at
 # steps 1 and 2, validation at 0 and 3, checkpoints, early-stop bookkeeping, plots).
 @pytest.mark.parametrize("task", ["frozen_lake"] + [pytest.param(t, marks=pytest.mark.slow)
-                                                    for t in ("sokoban", "countdown", "bandit")])
+                                                    for t in ("sokoban", "countdown", "bandit", "math_qa")])
 def test_three_step_run_of_every_task_writes_metrics_checkpoint_and_plots(task, tmp_path):
     config = small_config(task)
     summary = train(config, str(tmp_path))
