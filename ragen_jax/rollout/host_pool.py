@@ -36,6 +36,8 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+import numpy as np
+
 from envs.host import HostEnv, HostStep
 
 NO_ERROR, TIMEOUT, EXCEPTION, CRASH = 0, 1, 2, 3
@@ -114,6 +116,22 @@ class InProcessEnvs:
 
     def close(self) -> None:
         pass
+
+
+def make_env_batch(make_env: Callable[[], HostEnv], num_workers: int, timeout_s: float) -> EnvBatch:
+    """``InProcessEnvs(make_env)`` for num_workers = 0, else a ``HostEnvPool`` (its workers started)."""
+    if num_workers == 0:
+        return InProcessEnvs(make_env)
+    return HostEnvPool(make_env, num_workers, timeout_s)
+
+
+def error_counts(host_error: Any, sample_turn: Any) -> dict[str, float]:
+    """{"host_errors": episodes ended by a failed env call, "host_errors/<kind>": per kind}; host_error and
+    sample_turn int[R] of a Trajectories (a limited-window episode spans T rows: counted at its turn 0)."""
+    codes = np.asarray(host_error)[np.asarray(sample_turn) <= 0]
+    out = {"host_errors": float((codes != NO_ERROR).sum())}
+    out.update({f"host_errors/{kind}": float((codes == code).sum()) for code, kind in enumerate(ERROR_KINDS) if code})
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
