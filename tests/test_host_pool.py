@@ -24,17 +24,19 @@ PENALTY = -0.5
 
 
 def test_frozen_lake_in_worker_processes_equals_the_fused_rollout(model):
-    """TextEnvHost rows in 2 spawned workers == the on-device fused rollout (same layout, same keys)."""
+    """TextEnvHost rows in 2 spawned workers == the on-device fused rollout (same layout, same keys),
+    through the on-device env's Rollout (training with rollout.host_workers) and through HostRollout."""
     cfg = config()
-    lake = Rollout(model, TOK, FrozenLake(), cfg)
     params = policy(model, bigram_table(ANSWER_CHAIN, 8.0))
     factory = TextEnvHostFactory("frozen_lake", TOK, {}, cfg.prompt_style, cfg.max_actions_per_turn,
                                  cfg.max_new_tokens)
     with HostEnvPool(factory, num_workers=2, timeout_s=120.0) as pool:
+        lake = Rollout(model, TOK, FrozenLake(), cfg, host_envs=pool)
         pooled = HostRollout(model, TOK, factory, cfg, envs=pool, layout=lake.layout)
-        for k in (7, 8):
+        for k, run_host in ((7, lambda key: lake.run(params, key, SEEDS, mode="host")),
+                            (8, lambda key: pooled.run(params, key, SEEDS))):
             key = jax.random.key(k)
-            fused, host = lake.run(params, key, SEEDS), pooled.run(params, key, SEEDS)
+            fused, host = lake.run(params, key, SEEDS), run_host(key)
             assert_same(fused, host)
             ok = np.asarray(fused.turn_format_ok)[np.asarray(fused.turn_active)]
             assert ok.any() and (~ok).any()  # valid and invalid turns, early-finishing rows

@@ -87,3 +87,31 @@ def test_unknown_name_suggests_a_host_env():
     config.env.name = "guess_numbr"
     with pytest.raises(ConfigError, match="known: frozen_lake, guess_number, sokoban; did you mean 'guess_number'"):
         check(config)
+
+
+@pytest.mark.slow  # a CLI run to its first step: about a minute on 2 cores
+def test_sigterm_checkpoints_and_stops_the_workers(tmp_path):
+    import signal
+    import time
+
+    from ragen_jax.train.checkpoint import Checkpointer
+
+    cmd = [sys.executable, "-m", "ragen_jax.main", f"--config={CONFIG}", f"--config.run_dir={tmp_path}",
+           "--config.trainer.total_steps=1000", "--config.trainer.checkpoint_every=1000", "--config.mi.enabled=False"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 600
+    while not (metrics.exists() and len(read_metrics(str(tmp_path))) >= 2):
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()[-3000:]
+        time.sleep(0.5)
+    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True)
+    pids = [int(p) for p in workers.stdout.split()]
+    assert len(pids) >= 2  # the pool's workers (the spawn resource tracker may be one more)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out.decode()[-3000:]
+    assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() >= 1
+    time.sleep(1.0)
+    alive = [p for p in pids if os.path.exists(f"/proc/{p}") and "zombie" not in open(f"/proc/{p}/status").read()]
+    assert not alive, alive

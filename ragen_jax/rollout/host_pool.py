@@ -305,7 +305,9 @@ class HostEnvPool:
                 failed.append(w)
                 if fatal:
                     self.close()
-                    raise RuntimeError(f"host env worker {w} failed to start: {message}")
+                    raise RuntimeError(f"host env worker {w} failed to start: {message} (a worker imports the env "
+                                       "class by name: a module-level class on sys.path; a script that starts "
+                                       "a pool needs the if __name__ == '__main__': guard)")
         return failed
 
     def _replace(self, w: int) -> None:
