@@ -22,6 +22,9 @@ responses (the HostEnv contract). A row whose replay fails ends with that failur
 
 ``InProcessEnvs`` is the same interface without processes (``num_workers = 0``): no timeout can stop a
 call that hangs there; exceptions are caught unless ``catch=False`` (the host-stepped reference).
+
+(Past 400 lines: the worker loop and the dispatcher speak one message protocol, (op, row, payload) ->
+(row, ok, value) per item in order, and are read together.)
 """
 
 from __future__ import annotations

@@ -49,8 +49,6 @@ from ragen_jax.rl.optim import make_optimizer
 from ragen_jax.rl.state import TrainState
 from ragen_jax.rl.update import UpdateConfig, make_update_step
 from ragen_jax.rollout.fused import Rollout
-from ragen_jax.rollout.host_envs import TextEnvHostFactory
-from ragen_jax.rollout.host_pool import error_counts, make_env_batch
 from ragen_jax.rollout.host_stepped import HostRollout
 from ragen_jax.rollout.layout import RolloutConfig, rollout_config
 from ragen_jax.rollout.validation import episode_metrics, validation_metrics, validation_rollouts
@@ -63,6 +61,7 @@ from ragen_jax.train.resume import (CheckpointGate, check_resume_config, mask_un
 from ragen_jax.train.metrics import read_metrics, truncate_run_logs, write_atomic
 from ragen_jax.train.recorder import StepRecorder
 from ragen_jax.train.report import summary_lines
+from ragen_jax.train.rollouts import build_rollouts, host_error_metrics
 
 MI_STRATEGIES = {"first_turn": "collapse_first_turn_sample", "trajectory": "collapse_trajectory_sample"}
 def write_run_config(run_dir: str, config) -> None:
@@ -96,27 +95,6 @@ class Run:
         """Stop the host envs' worker processes (shared by the training and validation rollouts)."""
         for rollout in (self.rollout, self.val_rollout):
             rollout.close()
-
-
-def build_rollouts(config, tokenizer, actor_graphdef, model_cfg, env, env_params) -> tuple[Any, Any]:
-    """(training rollout, validation rollout): validation runs n_groups x 1 sample per chunk, as many
-    chunks as validation.episodes needs; built once so that every validation reuses one compiled program.
-    A host env (``env`` its factory) or ``rollout.host_workers`` > 0 steps the envs in one shared
-    ``host_pool`` (worker processes, ``rollout.host_step_timeout_s`` per call)."""
-    r_cfg = rollout_config(config)
-    val_cfg = dataclasses.replace(r_cfg, n_groups=min(config.validation.episodes, r_cfg.batch), group_size=1)
-    r = config.rollout
-    if env_params is None:  # a host env
-        envs = make_env_batch(env, r.host_workers, r.host_step_timeout_s)
-        return tuple(HostRollout(actor_graphdef, tokenizer, env, c, envs=envs, model_cfg=model_cfg)
-                     for c in (r_cfg, val_cfg))
-    envs = None
-    if r.mode == "host" and r.get("host_workers", 0) > 0:
-        factory = TextEnvHostFactory(config.env.name, tokenizer, dict(config.env.params), r_cfg.prompt_style,
-                                     r_cfg.max_actions_per_turn, r_cfg.max_new_tokens)
-        envs = make_env_batch(factory, r.host_workers, r.host_step_timeout_s)
-    return tuple(Rollout(actor_graphdef, tokenizer, env, c, env_params=env_params, model_cfg=model_cfg, host_envs=envs)
-                 for c in (r_cfg, val_cfg))
 
 
 def build_run(config) -> tuple[Run, TrainState]:
@@ -190,10 +168,10 @@ def validate(run: Run, params, step: int) -> dict[str, float]:
     key = jax.random.fold_in(jax.random.key(cfg.seed + 7919), step)
     trajs = validation_rollouts(run.val_rollout, params, key, cfg.validation.episodes, r.val_temperature,
                                 r.val_greedy)
-    metrics = validation_metrics(trajs, group_size=1)
+    metrics = {f"val/{k}": v for k, v in validation_metrics(trajs, group_size=1).items()}
     if r.mode == "host":
-        metrics.update(error_counts(trajs.host_error, trajs.sample_turn))
-    return {f"val/{k}": v for k, v in metrics.items()}
+        metrics.update(host_error_metrics(trajs, "val"))
+    return metrics
 
 
 def _block(tree):
@@ -237,7 +215,7 @@ def training_step(run: Run, state: TrainState, step: int, base_key) -> tuple[Tra
     check_finite_rewards(np.asarray(traj.episode_reward), "episode rewards")
     metrics.update(rollout_metrics(traj))
     if run.rollout_cfg.mode == "host":
-        metrics.update({f"rollout/{k}": v for k, v in error_counts(traj.host_error, traj.sample_turn).items()})
+        metrics.update(host_error_metrics(traj, "rollout"))
 
     if config.mi.enabled and should_compute_mi(step, config.mi.every) and config.rollout.context_mode == "full":
         t1 = time.time()
