@@ -5,12 +5,16 @@ same seeds and keys in both modes; the two produce identical trajectories (tests
 the comparison is pure engine overhead. A random policy never answers in format, so every row plays
 every turn: the worst case for both paths. Compilation is excluded (one warm-up run per mode).
 
+FrozenLake also runs host-stepped through the host-env bridge (``rollout/host_pool.py``): the same
+``TextEnvHost`` rows in 2 spawned worker processes ("pool2"), against the in-process host path ("host")
+and the fused program, the cost of stepping envs out of process (IPC, one worker's JAX per process).
+
 The host path's time is split into prefill, decode and env (rendering, tokenizing, parsing and
 stepping on the host) by timing each phase; the fused program cannot be split from the outside, so
 its env share is estimated as its total minus the host path's prefill + decode (the same compiled
 sampler work).
 
-    python benchmarks/rollout.py [--groups 2 --group-size 4 --turns 3 --new-tokens 48 --repeats 3]
+    python benchmarks/rollout.py [--groups 2 --group-size 4 --turns 3 --new-tokens 48 --repeats 3 --workers 2]
 Writes benchmarks/results/rollout.json.
 """
 
@@ -37,6 +41,8 @@ from ragen_jax.models.config import get_preset  # noqa: E402
 from ragen_jax.models.tokenizers import CharTokenizer  # noqa: E402
 from ragen_jax.models.transformer import Transformer  # noqa: E402
 from ragen_jax.rollout.fused import Rollout  # noqa: E402
+from ragen_jax.rollout.host_envs import TextEnvHostFactory  # noqa: E402
+from ragen_jax.rollout.host_pool import HostEnvPool  # noqa: E402
 from ragen_jax.rollout.layout import RolloutConfig  # noqa: E402
 
 
@@ -69,6 +75,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes of the FrozenLake pool row")
     parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "rollout.json"))
     args = parser.parse_args()
 
@@ -98,6 +105,21 @@ def main() -> None:
             print(f"{name:<11}{mode:<7}{r['trajectories_per_s']:>9.2f}{r['generated_tokens_per_s']:>11.1f}"
                   f"{r['seconds_per_rollout']:>11.3f}{split}")
         print(f"{name:<11}fused / host throughput ratio: {speedup:.2f}x")
+        if name == "frozen_lake" and args.workers > 0:
+            factory = TextEnvHostFactory(name, tokenizer, {}, config.prompt_style, config.max_actions_per_turn,
+                                         config.max_new_tokens)
+            with HostEnvPool(factory, args.workers, timeout_s=120.0) as pool:
+                pooled = Rollout(model, tokenizer, env, config, host_envs=pool)
+                r = measure(pooled, params, seeds, args.repeats, "host")
+            label = f"pool{args.workers}"
+            results["envs"][name][label] = r
+            results["envs"][name][f"{label}_over_host"] = r["trajectories_per_s"] / host["trajectories_per_s"]
+            results["envs"][name][f"fused_over_{label}"] = fused["trajectories_per_s"] / r["trajectories_per_s"]
+            print(f"{name:<11}{label:<7}{r['trajectories_per_s']:>9.2f}{r['generated_tokens_per_s']:>11.1f}"
+                  f"{r['seconds_per_rollout']:>11.3f}{r['prefill_s']:>9.3f}{r['decode_s']:>9.3f}{r['env_s']:>9.3f}")
+            print(f"{name:<11}{label} / host (in-process) throughput ratio: "
+                  f"{results['envs'][name][f'{label}_over_host']:.2f}x; fused / {label}: "
+                  f"{results['envs'][name][f'fused_over_{label}']:.2f}x")
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"wrote {args.out}")

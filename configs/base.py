@@ -68,6 +68,13 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.rollout.context_window = 2  # turns kept in limited mode
     c.rollout.train_seed = 10000
     c.rollout.format_penalty = -0.1
+    # Host environments (env.name in envs.registry.HOST_REGISTRY, rollout.mode=host; docs/host_envs.md).
+    c.rollout.max_user_tokens = 0  # static width (tokens) of one user message; host envs need >= 1
+    c.rollout.host_workers = 0  # worker processes stepping the envs; 0 = in this process (no timeout)
+    # Longest one env call (reset or step) may run in a worker before the episode ends with "timeout":
+    # generous for a Python env turn, short enough that one hung sandbox does not stall training.
+    c.rollout.host_step_timeout_s = 10.0
+    c.rollout.host_error_penalty = -0.1  # penalty of the turn whose env call failed (ends the episode)
 
     c.validation = ml_collections.ConfigDict()
     c.validation.every = 10  # steps; also before training

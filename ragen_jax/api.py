@@ -63,10 +63,10 @@ def load_config(task: str, overrides: Mapping[str, Any] | None = None, *,
             raise ConfigError(f"unknown config key {key!r}; see configs/base.py") from None
         except TypeError as e:  # ConfigDict refuses a value of another type
             raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
-    from envs.registry import REGISTRY
+    from envs.registry import HOST_REGISTRY, REGISTRY
     from ragen_jax.models.config import PRESETS
 
-    check_config(config, env_names=REGISTRY, model_presets=PRESETS)
+    check_config(config, env_names=REGISTRY, model_presets=PRESETS, host_envs=HOST_REGISTRY)
     return config
 
 

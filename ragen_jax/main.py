@@ -109,11 +109,11 @@ def _main(argv: list[str]) -> None:
     logging.get_absl_logger().addFilter(_NoBackgroundTracebacks())
     pylogging.getLogger("asyncio").addFilter(_NoBackgroundTracebacks())
     config = _CONFIG.value
-    from envs.registry import REGISTRY  # deferred: imports JAX
+    from envs.registry import HOST_REGISTRY, REGISTRY  # deferred: imports JAX
     from ragen_jax.models.config import PRESETS
 
     try:
-        check_config(config, env_names=REGISTRY, model_presets=PRESETS)
+        check_config(config, env_names=REGISTRY, model_presets=PRESETS, host_envs=HOST_REGISTRY)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

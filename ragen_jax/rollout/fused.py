@@ -44,6 +44,7 @@ from envs.text import match_at
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.tokenizers import Tokenizer
 from ragen_jax.rollout.host_envs import TextEnvHost
+from ragen_jax.rollout.host_pool import EnvBatch
 from ragen_jax.rollout.host_stepped import run_host_rollout
 from ragen_jax.rollout.layout import (
     THINK_CLOSE,
@@ -103,6 +104,8 @@ class Rollout:
     ``model_cfg``. ``run(params, key, seeds, temperature=None, env_params=None, greedy=False)``
     dispatches on ``config.mode``: "fused" (one jitted program, compiled once per greedy flag) or
     "host" (the turn-by-turn reference). ``trace_count`` counts traces of the fused program.
+    host_envs (optional): where host mode steps the envs, e.g. a ``HostEnvPool`` of
+    ``TextEnvHostFactory`` rows (default: ``TextEnvHost`` instances in this process, errors propagate).
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class Rollout:
         config: RolloutConfig,
         env_params: Any = None,
         model_cfg: ModelConfig | None = None,
+        host_envs: EnvBatch | None = None,
     ) -> None:
         if isinstance(model, nnx.Module):
             model_cfg = model.cfg
@@ -121,6 +125,7 @@ class Rollout:
             raise ValueError("pass model_cfg=ModelConfig(...) when giving a graphdef instead of the model")
         self.graphdef, self.model_cfg = model, model_cfg
         self.tokenizer, self.env, self.config = tokenizer, env, config
+        self.host_envs = host_envs
         self.env_params = env.default_params if env_params is None else env_params
         self.layer = env.text_layer(
             tokenizer, self.env_params, config.prompt_style, config.max_actions_per_turn,
@@ -185,7 +190,8 @@ class Rollout:
         if self.config.context_mode == "limited" and mode == "fused":
             raise ValueError("context_mode='limited' runs in the host path only: set RolloutConfig(mode='host')")
         if mode == "host":
-            envs = [TextEnvHost(self.layer, env_params, self.config.max_new_tokens) for _ in range(self.config.batch)]
+            envs = ([TextEnvHost(self.layer, env_params, self.config.max_new_tokens) for _ in range(self.config.batch)]
+                    if self.host_envs is None or env_params is not self.env_params else self.host_envs)
             return run_host_rollout(
                 self.samplers[greedy], params, self.model_cfg, envs, seeds, key, temperature, self.layout,
                 self.tokenizer, self.chat, self.config, timer,
@@ -195,6 +201,11 @@ class Rollout:
         args = (params, jax.tree.map(jnp.asarray, env_params), key, jnp.asarray(seeds),
                 jnp.asarray(temperature, jnp.float32))
         return self.compiled(greedy, *args)(*args)
+
+    def close(self) -> None:
+        """Close ``host_envs`` (a pool's workers), when given."""
+        if self.host_envs is not None:
+            self.host_envs.close()
 
     def compiled(self, greedy: bool, *args: Any) -> Any:
         """The compiled fused program (compiled ahead of time on first use; ``memory_analysis()`` on the

@@ -10,6 +10,7 @@ prefill and decode batched on device (``host_rollout``).
 layer's ``system_text`` / ``turn_text`` / ``reward_text``, a plain-Python ``re`` parse of RAGEN's format
 written independently of ``envs/text.py`` (``parse_response``), the env's ``parse_pieces`` (its action
 names, or its free-text action, from the answer pieces) and the env's ``step_turn`` applied to one row. It is the reference the fused rollout is tested against.
+``TextEnvHostFactory`` is a picklable ``make_env`` of it, for the worker processes of ``host_pool``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import jax.numpy as jnp
 
 from envs.base import TextLayer
 from envs.host import HostEnv, HostStep
+from envs.registry import make
+from ragen_jax.models.tokenizers import Tokenizer
 from ragen_jax.rollout.layout import env_keys, step_key
 
 # RAGEN ctx_manager._parse_response: the response is prefixed with the prompt's "<think>".
@@ -119,6 +122,35 @@ class TextEnvHost:
         return self.env.parse_pieces(
             parsed_text.pieces, parsed_text.matched, parsed_text.complete, self.state, self.params, self.max_actions
         )
+
+
+@dataclasses.dataclass
+class TextEnvHostFactory:
+    """``make_env`` of ``TextEnvHost`` rows of the registered on-device env ``env_name``: picklable (names
+    and numbers only), it builds the text layer once per process, on first use."""
+
+    env_name: str
+    tokenizer: Tokenizer
+    env_params: dict
+    prompt_style: str
+    max_actions_per_turn: int
+    max_new_tokens: int | None = None
+    bytes_per_token: int | None = None
+    answer_window: int | None = None
+    _layer: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def layer(self) -> TextLayer:
+        if self._layer is None:
+            env, params = make(self.env_name, **self.env_params)
+            self._layer = env.text_layer(self.tokenizer, params, self.prompt_style, self.max_actions_per_turn,
+                                         bytes_per_token=self.bytes_per_token, answer_window=self.answer_window)
+        return self._layer
+
+    def __call__(self) -> TextEnvHost:
+        return TextEnvHost(self.layer(), None, self.max_new_tokens)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_layer": None}  # device arrays stay in the process that built them
 
 
 # One compiled reset / step per (env, params structure), shared by every row and every rollout.

@@ -15,6 +15,12 @@ Limited-window mode (``run_host_limited_rollout``, RAGEN ``limited_multi_turn``)
 the system message and the last ``context_window`` turns (the current one included), re-prefilled into a
 fresh cache every turn; every played (episode, turn) is its own sample row (row = episode * T + turn),
 training only that turn's response, with the episode's reward at its last token.
+
+The envs of a rollout are an ``EnvBatch`` (``host_pool``): a list of env instances (stepped here, their
+exceptions propagate: the reference), ``InProcessEnvs`` or a ``HostEnvPool`` of worker processes. A row
+whose env call fails (``Failure``: timeout, exception, dead worker) ends there: the failed turn is played
+(its response is kept and trained) with no env reward and ``config.host_error_penalty`` as its penalty,
+and ``Trajectories.host_error`` holds the failure's kind; a row whose reset failed plays no turn.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from flax import nnx
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.tokenizers import Tokenizer
 from ragen_jax.rollout.host_envs import HostEnv, HostStep
+from ragen_jax.rollout.host_pool import EnvBatch, Failure, InProcessEnvs
 from ragen_jax.rollout.layout import (
     THINK_CLOSE,
     ChatTemplate,
@@ -64,10 +71,10 @@ def reasoning_flags(tokenizer: Tokenizer, response: Sequence[int]) -> np.ndarray
     return (ends <= close) if close >= 0 else np.zeros((len(response),), bool)
 
 
-def response_text(tokenizer: Tokenizer, response: Sequence[int], env: Any) -> str:
-    """The text a host env reads: the response's bytes, cut at ``env.max_response_bytes`` when the env
-    declares that attribute (an on-device parse's byte cap), decoded as UTF-8 with replacement."""
-    limit = getattr(env, "max_response_bytes", None)
+def response_text(tokenizer: Tokenizer, response: Sequence[int], limit: int | None) -> str:
+    """The text a host env reads: the response's bytes, cut at ``limit`` (the env's
+    ``max_response_bytes`` when it declares one: an on-device parse's byte cap), decoded as UTF-8 with
+    replacement."""
     if limit is None:
         return tokenizer.decode(list(response))
     table = tokenizer.token_bytes()
@@ -115,7 +122,7 @@ def _generate(sampler: Sampler, params, state, blocks: list[list[int]], width: i
 
 
 def _stack_rows(rows: list[_Row], length: int, per_turn: dict[str, np.ndarray], success, group_ids, seeds,
-                episode_ids, sample_turn) -> Trajectories:
+                episode_ids, sample_turn, host_error) -> Trajectories:
     r = len(rows)
     arrays = {k: np.zeros((r, length), dt) for k, dt in (
         ("tokens", np.int32), ("loss", bool), ("logp", np.float32), ("ent", np.float32), ("turn", np.int32), ("reason", bool))}
@@ -136,7 +143,8 @@ def _stack_rows(rows: list[_Row], length: int, per_turn: dict[str, np.ndarray], 
         turn_rewards=per_turn["reward"], turn_penalties=per_turn["penalty"], turn_format_ok=per_turn["ok"],
         turn_valid_actions=per_turn["n_valid"], turn_executed=per_turn["n_exec"],
         response_lengths=per_turn["resp_len"], success=np.asarray(success, bool), group_ids=np.asarray(group_ids),
-        seeds=np.asarray(seeds), episode_ids=np.asarray(episode_ids), sample_turn=np.asarray(sample_turn), xp=np,
+        seeds=np.asarray(seeds), episode_ids=np.asarray(episode_ids), sample_turn=np.asarray(sample_turn),
+        host_error=np.asarray(host_error), xp=np,
     )
 
 
@@ -147,14 +155,45 @@ def _per_turn(b: int, t: int) -> dict[str, np.ndarray]:
             "resp_len": np.zeros((b, t), np.int32)}
 
 
-def _record(per_turn, i: int, t: int, step: HostStep, length: int, penalty: float) -> None:
+def _record(per_turn, i: int, t: int, step: HostStep | Failure, length: int, config: RolloutConfig) -> None:
     per_turn["active"][i, t] = True
+    per_turn["resp_len"][i, t] = length
+    if isinstance(step, Failure):
+        per_turn["penalty"][i, t] = config.host_error_penalty
+        return
     per_turn["reward"][i, t] = step.reward
-    per_turn["penalty"][i, t] = 0.0 if step.format_ok else penalty
+    per_turn["penalty"][i, t] = 0.0 if step.format_ok else config.format_penalty
     per_turn["ok"][i, t] = step.format_ok
     per_turn["n_valid"][i, t] = step.n_valid
     per_turn["n_exec"][i, t] = step.n_executed
-    per_turn["resp_len"][i, t] = length
+
+
+class _Episodes:
+    """The rows' env side: the batch of envs, what reset reported, each row's error kind."""
+
+    def __init__(self, envs: Sequence[HostEnv] | EnvBatch, row_seeds: np.ndarray) -> None:
+        self.batch = InProcessEnvs(envs=envs, catch=False) if isinstance(envs, (list, tuple)) else envs
+        b = len(row_seeds)
+        self.active = np.ones((b,), bool)
+        self.success = np.zeros((b,), bool)
+        self.error = np.zeros((b,), np.int32)
+        self.systems, self.users, self.limits = [""] * b, [""] * b, [None] * b
+        for i, start in enumerate(self.batch.reset([int(s) for s in row_seeds])):
+            if isinstance(start, Failure):
+                self.active[i], self.error[i] = False, start.kind
+            else:
+                self.systems[i], self.users[i], self.limits[i] = start.system_text, start.user_text, start.max_response_bytes
+
+    def step(self, texts: dict[int, str]) -> dict[int, HostStep | Failure]:
+        results = self.batch.step(texts)
+        for i, result in results.items():
+            if isinstance(result, Failure):
+                self.error[i] = result.kind
+                self.active[i] = False
+                self.success[i] = False
+            else:
+                self.active[i] = not result.done
+        return results
 
 
 def run_host_rollout(
@@ -169,15 +208,14 @@ def run_host_rollout(
     if config.context_mode == "limited":
         return run_host_limited_rollout(sampler, params, model_cfg, envs, seeds, key, temperature, layout,
                                         tokenizer, chat, config, timer)
-    b, n_turns = len(envs), config.max_turns
+    n_turns = config.max_turns
     env_start = time.perf_counter()
     row_seeds = np.repeat(np.asarray(seeds, np.int32), config.group_size)
+    b = len(row_seeds)
+    episodes = _Episodes(envs, row_seeds)
     rows = [_Row(n_turns) for _ in range(b)]
     per_turn = _per_turn(b, n_turns)
-    success = np.zeros((b,), bool)
-    active = np.ones((b,), bool)
-    users = [env.reset(int(s)) for env, s in zip(envs, row_seeds)]
-    systems = [env.system_text() for env in envs]
+    success, active, users, systems = episodes.success, episodes.active, episodes.users, episodes.systems
     ended_turn = np.zeros((b,), bool)
     state = init_sampler_state(model_cfg, b, layout.cache_len)
     eot = tokenizer.encode(chat.end_of_turn)
@@ -195,24 +233,24 @@ def run_host_rollout(
         out, state = _generate(sampler, params, state, blocks, width, sample_key(key, t), temperature, active,
                                tokenizer.pad_id, timer)
         env_start = time.perf_counter()
-        for i in range(b):
-            if not active[i]:
-                continue
+        texts = {}
+        for i in np.flatnonzero(active):
             n = int(out.lengths[i])
             response = [int(x) for x in out.tokens[i, :n]]
             rows[i].spans[t] = (len(rows[i].tokens), len(rows[i].tokens) + len(blocks[i]))
             rows[i].add(blocks[i], t)
             rows[i].add(response, t, True, out.logprobs[i, :n], out.entropy[i, :n], reasoning_flags(tokenizer, response))
-            step = envs[i].step(response_text(tokenizer, response, envs[i]))
-            _record(per_turn, i, t, step, n, config.format_penalty)
-            success[i] = step.success
-            users[i] = step.next_user_text
+            texts[int(i)] = response_text(tokenizer, response, episodes.limits[i])
             ended_turn[i] = len(response) >= len(eot) and response[len(response) - len(eot):] == list(eot)
-            active[i] = not step.done
+        for i, step in episodes.step(texts).items():
+            _record(per_turn, i, t, step, int(out.lengths[i]), config)
+            if not isinstance(step, Failure):
+                success[i] = step.success
+                users[i] = step.next_user_text
     if timer is not None:
         timer["env"] = timer.get("env", 0.0) + time.perf_counter() - env_start
     return _stack_rows(rows, layout.cache_len, per_turn, success, np.arange(b) // config.group_size, row_seeds,
-                       np.arange(b), np.full((b,), -1))
+                       np.arange(b), np.full((b,), -1), episodes.error)
 
 
 def limited_prompt_len(layout: SequenceLayout, window: int) -> int:
@@ -228,14 +266,14 @@ def run_host_limited_rollout(
 ) -> Trajectories:
     """Limited-window rollout; returns B x T sample rows (row = episode * T + turn; unplayed turns are
     empty rows with turn_active all False). Prompt of turn t = system + turns max(0, t-k+1)..t."""
-    b, n_turns, k = len(envs), config.max_turns, config.context_window
+    n_turns, k = config.max_turns, config.context_window
     width = limited_prompt_len(layout, k)
     row_seeds = np.repeat(np.asarray(seeds, np.int32), config.group_size)
+    b = len(row_seeds)
+    episodes = _Episodes(envs, row_seeds)
     per_turn = _per_turn(b, n_turns)
-    success = np.zeros((b,), bool)
-    active = np.ones((b,), bool)
-    users = [[env.reset(int(s))] for env, s in zip(envs, row_seeds)]
-    systems = [env.system_text() for env in envs]
+    success, active, systems = episodes.success, episodes.active, episodes.systems
+    users = [[user] for user in episodes.users]
     responses: list[list[list[int]]] = [[] for _ in range(b)]
     samples = [[_Row(n_turns) for _ in range(n_turns)] for _ in range(b)]
     eot = tokenizer.encode(chat.end_of_turn)
@@ -256,9 +294,8 @@ def run_host_limited_rollout(
         blocks = [[tok for piece in pieces for tok in piece] for pieces in prompts]
         out, _ = _generate(sampler, params, state, blocks, width, sample_key(key, t), temperature, active,
                            tokenizer.pad_id, timer)
-        for i in range(b):
-            if not active[i]:
-                continue
+        texts = {}
+        for i in np.flatnonzero(active):
             n = int(out.lengths[i])
             response = [int(x) for x in out.tokens[i, :n]]
             row = samples[i][t]
@@ -268,40 +305,64 @@ def run_host_limited_rollout(
             row.spans[t] = (len(row.tokens) - len(prompts[i][-1]), len(row.tokens))
             row.add(response, t, True, out.logprobs[i, :n], out.entropy[i, :n], reasoning_flags(tokenizer, response))
             responses[i].append(response)
-            step = envs[i].step(response_text(tokenizer, response, envs[i]))
-            _record(per_turn, i, t, step, n, config.format_penalty)
-            success[i] = step.success
-            users[i].append(step.next_user_text)
-            active[i] = not step.done
+            texts[int(i)] = response_text(tokenizer, response, episodes.limits[i])
+        for i, step in episodes.step(texts).items():
+            _record(per_turn, i, t, step, int(out.lengths[i]), config)
+            if not isinstance(step, Failure):
+                success[i] = step.success
+                users[i].append(step.next_user_text)
     flat = [samples[i][t] for i in range(b) for t in range(n_turns)]
     episode = np.repeat(np.arange(b), n_turns)
     per_sample = {name: value[episode] for name, value in per_turn.items()}
     return _stack_rows(flat, width + layout.response, per_sample, success[episode],
-                       episode // config.group_size, row_seeds[episode], episode, np.tile(np.arange(n_turns), b))
+                       episode // config.group_size, row_seeds[episode], episode, np.tile(np.arange(n_turns), b),
+                       episodes.error[episode])
 
 
 class HostRollout:
     """Rollouts of envs written in plain Python (the ``HostEnv`` protocol).
 
-    make_env: a callable returning a fresh ``HostEnv`` (one per row). ``run(params, key, seeds,
-    temperature=None, greedy=False) -> Trajectories`` with seeds int[n_groups]. The block widths come
-    from ``config.max_user_tokens`` (``host_layout``).
+    make_env: a callable returning a fresh ``HostEnv`` (one per row and episode). envs: where they run,
+    an ``EnvBatch`` shared by every rollout that uses it (a ``HostEnvPool`` of worker processes; default
+    ``InProcessEnvs(make_env)``, here, exceptions caught). ``run(params, key, seeds, temperature=None,
+    env_params=None, greedy=False) -> Trajectories`` with seeds int[n_groups]. The block widths come from
+    ``config.max_user_tokens`` (``host_layout``; the system message from one ``make_env()`` built here),
+    or ``layout`` when given (e.g. the fused rollout's, to compare the two). ``close()`` closes the envs.
     """
 
-    def __init__(self, model: nnx.Module, tokenizer: Tokenizer, make_env: Any, config: RolloutConfig) -> None:
-        self.model_cfg = model.cfg
-        self.graphdef, _ = nnx.split(model)
+    trace_count = 0  # nothing of a host rollout is one jitted program (the sampler's are counted there)
+
+    def __init__(self, model: nnx.Module | nnx.GraphDef, tokenizer: Tokenizer, make_env: Any, config: RolloutConfig,
+                 envs: EnvBatch | None = None, model_cfg: ModelConfig | None = None,
+                 layout: SequenceLayout | None = None) -> None:
+        if isinstance(model, nnx.Module):
+            model_cfg = model.cfg
+            model, _ = nnx.split(model)
+        if model_cfg is None:
+            raise ValueError("pass model_cfg=ModelConfig(...) when giving a graphdef instead of the model")
+        self.graphdef, self.model_cfg = model, model_cfg
         self.tokenizer, self.make_env, self.config = tokenizer, make_env, config
+        self.envs = InProcessEnvs(make_env) if envs is None else envs
         self.chat = get_chat_template(config.chat_template)
-        self.layout = host_layout(tokenizer, self.chat, make_env(), config)
+        self.layout = host_layout(tokenizer, self.chat, make_env(), config) if layout is None else layout
         self.samplers = {g: make_sampler(self.graphdef, tokenizer, config, g) for g in (False, True)}
 
-    def run(self, params: nnx.State, key: jax.Array, seeds: Any, temperature: Any = None,
-            greedy: bool = False) -> Trajectories:
+    @property
+    def cache_len(self) -> int:
+        return self.layout.cache_len
+
+    def run(self, params: nnx.State, key: jax.Array, seeds: Any, temperature: Any = None, env_params: Any = None,
+            greedy: bool = False, mode: str | None = None, timer: dict[str, float] | None = None) -> Trajectories:
+        """env_params and mode are accepted for the signature of ``Rollout.run`` (a host env takes its
+        parameters when it is built; mode must be "host"). timer: see ``run_host_rollout``."""
+        if env_params is not None or mode not in (None, "host"):
+            raise ValueError("a HostRollout takes no env_params and runs in mode 'host' only")
         seeds = np.asarray(seeds, np.int32)
         if seeds.shape != (self.config.n_groups,):
             raise ValueError(f"seeds must have shape ({self.config.n_groups},) (one per group), got {seeds.shape}")
         temperature = self.config.temperature if temperature is None else temperature
-        envs = [self.make_env() for _ in range(self.config.batch)]
-        return run_host_rollout(self.samplers[greedy], params, self.model_cfg, envs, seeds, key, temperature,
-                                self.layout, self.tokenizer, self.chat, self.config)
+        return run_host_rollout(self.samplers[greedy], params, self.model_cfg, self.envs, seeds, key, temperature,
+                                self.layout, self.tokenizer, self.chat, self.config, timer)
+
+    def close(self) -> None:
+        self.envs.close()

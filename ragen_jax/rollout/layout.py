@@ -119,7 +119,8 @@ class RolloutConfig:
     training default; val_temperature (RAGEN 0.5) and val_greedy for validation; train_seed /
     val_seed: seed bases (RAGEN 10000 / 123); format_penalty (RAGEN -0.1 per invalid turn);
     max_user_tokens: the static width of one user message for host envs (0: derived from the
-    on-device text layer); kv_block: the sampler's attention block (see ``sampling/sampler.py``);
+    on-device text layer); host_error_penalty: the penalty of the turn whose host-env call failed
+    (timeout, exception, dead worker: ``host_pool``), which ends the episode; kv_block: the sampler's attention block (see ``sampling/sampler.py``);
     parse_bytes_per_token / parse_answer_window: the on-device parse's cost knobs (``envs/base.py``
     TextLayer; None = exact RAGEN parsing of any response, the default here; e.g. 4 / 64 bound the
     parse's work for long responses and BPE vocabularies, and the host adapter mirrors them).
@@ -142,6 +143,7 @@ class RolloutConfig:
     val_seed: int = 123
     format_penalty: float = -0.1
     max_user_tokens: int = 0
+    host_error_penalty: float = -0.1
     kv_block: int = 64
     parse_bytes_per_token: int | None = None
     parse_answer_window: int | None = None
@@ -179,6 +181,7 @@ def rollout_config(config) -> RolloutConfig:
         context_window=r.context_window if r.context_mode == "limited" else 0, mode=r.mode,
         temperature=r.temperature, val_temperature=v.temperature, val_greedy=v.greedy,
         train_seed=r.train_seed, val_seed=v.seed, format_penalty=r.format_penalty,
+        max_user_tokens=r.get("max_user_tokens", 0), host_error_penalty=r.get("host_error_penalty", -0.1),
     )
 
 

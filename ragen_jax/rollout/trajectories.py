@@ -18,13 +18,14 @@ Per turn:
     block holds the system prompt); [0, 0] for turns not played;
   turn_active bool[R, T]: the turn was played; turn_rewards f32[R, T]: the env reward of the turn (what the
     next "Reward:" line shows); turn_penalties f32[R, T]: the format penalty (-0.1 when the turn was not
-    format_ok); turn_format_ok bool[R, T]; turn_valid_actions int32[R, T] (actions recognised);
+    format_ok), or the host-error penalty of a turn whose host-env call failed; turn_format_ok bool[R, T]; turn_valid_actions int32[R, T] (actions recognised);
     turn_executed int32[R, T] (actions the env executed); response_lengths int32[R, T].
 Per row:
   episode_reward f32[R] = sum(turn_rewards) + sum(turn_penalties); success bool[R]; num_actions int32[R]
   (executed); num_valid_actions int32[R]; num_turns int32[R]; lengths int32[R]; last_token int32[R];
   group_ids int32[R]; seeds int32[R]; episode_ids int32[R]; sample_turn int32[R] (the turn a limited-window
-  sample trains; -1 for full-history rows).
+  sample trains; -1 for full-history rows); host_error int32[R]: why a host env ended the episode early
+  (``rollout.host_pool``: 0 none, 1 timeout, 2 exception, 3 crash; always 0 for on-device envs).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ TURN_FIELDS = (
 )
 ROW_FIELDS = (
     "episode_reward", "success", "num_actions", "num_valid_actions", "num_turns", "lengths", "last_token",
-    "group_ids", "seeds", "episode_ids", "sample_turn",
+    "group_ids", "seeds", "episode_ids", "sample_turn", "host_error",
 )
 
 
@@ -86,6 +87,7 @@ class Trajectories:
     seeds: jax.Array
     episode_ids: jax.Array
     sample_turn: jax.Array
+    host_error: jax.Array
 
     @property
     def num_rows(self) -> int:
@@ -144,6 +146,7 @@ def finalize(
     seeds: jax.Array,
     episode_ids: jax.Array,
     sample_turn: jax.Array,
+    host_error: jax.Array | None = None,
     xp: Any = jnp,
 ) -> Trajectories:
     """Derive the per-row summaries and the reward placement from compacted per-token arrays.
@@ -151,6 +154,7 @@ def finalize(
     Works on jax arrays inside jit (xp=jnp) and on numpy arrays on the host (xp=np), so the fused and
     the host-stepped rollouts share one definition of the derived fields.
     episode_reward = sum_t turn_rewards + sum_t turn_penalties; last_token = the last loss-mask position.
+    host_error: None = no host-env failures (zeros).
     """
     length = tokens.shape[1]
     positions = xp.arange(length)
@@ -185,4 +189,5 @@ def finalize(
         seeds=seeds.astype(xp.int32),
         episode_ids=episode_ids.astype(xp.int32),
         sample_turn=sample_turn.astype(xp.int32),
+        host_error=(xp.zeros(success.shape, xp.int32) if host_error is None else host_error.astype(xp.int32)),
     )

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from flax import nnx
 
-from envs.registry import make
+from envs.registry import HOST_REGISTRY, make, make_host
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.critic import Critic
 from ragen_jax.models.tokenizers import CharTokenizer, Tokenizer
@@ -38,6 +38,16 @@ def _gguf(path: str, compute_dtype: str):
 
 def build_env(config) -> tuple[Any, Any]:
     return make(config.env.name, **dict(config.env.params))
+
+
+def is_host_env(config) -> bool:
+    """Whether ``env.name`` names a plain-Python host env (``envs.registry.HOST_REGISTRY``)."""
+    return config.env.name in HOST_REGISTRY
+
+
+def build_host_env(config) -> Callable[[], Any]:
+    """The picklable factory of one episode's host env: ``make_host(env.name, **env.params)``."""
+    return make_host(config.env.name, **dict(config.env.params))
 
 
 def model_overrides(config) -> dict[str, Any]:

@@ -9,9 +9,10 @@ Everything here runs before any JAX compilation and before anything is written, 
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
 import re
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import ml_collections
 
@@ -99,10 +100,12 @@ def run_dir_of(config) -> str:
     return os.path.join("runs", f"{config.env.name}-{config.algorithm.name}-seed{config.seed}")
 
 
-def check_config(config: Mapping, *, env_names: Iterable[str], model_presets: Iterable[str]) -> None:
-    """Semantic checks of a parsed config (choices, names, model files, sizes, schedule, run directory)."""
+def check_config(config: Mapping, *, env_names: Iterable[str], model_presets: Iterable[str],
+                 host_envs: Mapping[str, Any] | None = None) -> None:
+    """Semantic checks of a parsed config (choices, names, model files, sizes, schedule, run directory).
+    host_envs: ``envs.registry.HOST_REGISTRY`` (name -> host env class), the envs of ``rollout.mode=host``."""
     _check_choices(config)
-    _check_env(config, env_names)
+    _check_env(config, env_names, host_envs or {})
     _check_model(config, model_presets)
     _check_sizes(config)
     _check_schedule(config)
@@ -122,14 +125,54 @@ def _check_choices(config: Mapping) -> None:
             raise ConfigError(f"config.{path}={value!r} is not one of {', '.join(allowed)}")
 
 
-def _check_env(config: Mapping, env_names: Iterable[str]) -> None:
-    env_names = sorted(env_names)
+def _check_env(config: Mapping, env_names: Iterable[str], host_envs: Mapping[str, Any]) -> None:
+    env_names = sorted(set(env_names) | set(host_envs))
     if config.env.name not in env_names:
         hint = difflib.get_close_matches(config.env.name, env_names, n=1)
         raise ConfigError(
             f"unknown environment '{config.env.name}' (config.env.name); known: {', '.join(env_names)}"
             + (f"; did you mean '{hint[0]}'?" if hint else "")
         )
+    _check_host_keys(config)
+    if config.env.name in host_envs:
+        _check_host_env(config, host_envs[config.env.name])
+
+
+# ---- host environments (envs.registry.HOST_REGISTRY, docs/host_envs.md) ----
+def _check_host_keys(config: Mapping) -> None:
+    r = config.rollout
+    if r.get("host_workers", 0) < 0:
+        raise ConfigError(f"config.rollout.host_workers={r.host_workers} must be >= 0 (0: step the envs in this process)")
+    if not r.get("host_step_timeout_s", 1.0) > 0:
+        raise ConfigError(f"config.rollout.host_step_timeout_s={r.host_step_timeout_s} must be > 0 (seconds)")
+
+
+def _check_host_env(config: Mapping, env_class: Any) -> None:
+    name, r = config.env.name, config.rollout
+    if r.mode != "host":
+        raise ConfigError(f"env '{name}' is a host environment (plain Python, envs.registry.HOST_REGISTRY): it runs "
+                          f"with --config.rollout.mode=host, not {r.mode}")
+    if r.get("max_user_tokens", 0) < 1:
+        raise ConfigError(f"host env '{name}' needs config.rollout.max_user_tokens >= 1: the static width in tokens "
+                          "of one user message (its longest observation), e.g. --config.rollout.max_user_tokens=256")
+    if config.init == "sft" or config.mode == "sft":
+        raise ConfigError(f"host env '{name}' has no solver demonstrations for the supervised warm start: set "
+                          "config.init=random (or start from model.hf_path)")
+    try:
+        accepted = inspect.signature(env_class).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted):
+        return
+    names = [p.name for p in accepted if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in config.env.params:
+        if key not in names:
+            hint = difflib.get_close_matches(key, names, n=1)
+            raise ConfigError(
+                f"config.env.params.{key}: host env '{name}' takes no parameter {key!r}"
+                + (f"; did you mean '{hint[0]}'?" if hint else f"; its parameters: {', '.join(names) or 'none'}")
+                + " (set config.env.params to its own, e.g. --config.env.params={})"
+            )
 
 
 def _check_model(config: Mapping, model_presets: Iterable[str]) -> None:

@@ -49,9 +49,10 @@ from ragen_jax.rl.optim import make_optimizer
 from ragen_jax.rl.state import TrainState
 from ragen_jax.rl.update import UpdateConfig, make_update_step
 from ragen_jax.rollout.fused import Rollout
+from ragen_jax.rollout.host_stepped import HostRollout
 from ragen_jax.rollout.layout import RolloutConfig, rollout_config
 from ragen_jax.rollout.validation import episode_metrics, validation_metrics, validation_rollouts
-from ragen_jax.setup.build import build_env, build_policy, build_tokenizer
+from ragen_jax.setup.build import build_env, build_host_env, build_policy, build_tokenizer, is_host_env
 from ragen_jax.sft.warm_start import load_warm_start
 from ragen_jax.train.checkpoint import Checkpointer, PreemptionGuard
 from ragen_jax.train.early_stop import EarlyStop
@@ -60,6 +61,7 @@ from ragen_jax.train.resume import (CheckpointGate, check_resume_config, mask_un
 from ragen_jax.train.metrics import read_metrics, truncate_run_logs, write_atomic
 from ragen_jax.train.recorder import StepRecorder
 from ragen_jax.train.report import summary_lines
+from ragen_jax.train.rollouts import build_rollouts, host_error_metrics
 
 MI_STRATEGIES = {"first_turn": "collapse_first_turn_sample", "trajectory": "collapse_trajectory_sample"}
 def write_run_config(run_dir: str, config) -> None:
@@ -83,16 +85,21 @@ class Run:
     actor_graphdef: Any
     critic_graphdef: Any
     rollout_cfg: RolloutConfig
-    rollout: Rollout
-    val_rollout: Rollout
+    rollout: Rollout | HostRollout
+    val_rollout: Rollout | HostRollout
     update_step: Any
     actor_tx: Any
     critic_tx: Any
 
+    def close(self) -> None:
+        """Stop the host envs' worker processes (shared by the training and validation rollouts)."""
+        for rollout in (self.rollout, self.val_rollout):
+            rollout.close()
+
 
 def build_run(config) -> tuple[Run, TrainState]:
     tokenizer = build_tokenizer(config)
-    env, env_params = build_env(config)
+    env, env_params = (build_host_env(config), None) if is_host_env(config) else build_env(config)
     actor, critic = build_policy(config, tokenizer, warm_start=load_warm_start)
     actor_graphdef, actor_params = nnx.split(actor)
     update_cfg = UpdateConfig.from_config(config)
@@ -104,11 +111,7 @@ def build_run(config) -> tuple[Run, TrainState]:
         critic_tx = make_optimizer(o.critic_lr, o.b1, o.b2, o.weight_decay, o.grad_clip)
         critic_opt = critic_tx.init(critic_params)
     r_cfg = rollout_config(config)
-    rollout = Rollout(actor_graphdef, tokenizer, env, r_cfg, env_params=env_params, model_cfg=actor.cfg)
-    # Validation: n_groups x 1 sample per chunk, as many chunks as validation.episodes needs; built
-    # once so that every validation reuses one compiled program.
-    val_cfg = dataclasses.replace(r_cfg, n_groups=min(config.validation.episodes, r_cfg.batch), group_size=1)
-    val_rollout = Rollout(actor_graphdef, tokenizer, env, val_cfg, env_params=env_params, model_cfg=actor.cfg)
+    rollout, val_rollout = build_rollouts(config, tokenizer, actor_graphdef, actor.cfg, env, env_params)
     update_step = make_update_step(actor_graphdef, critic_graphdef, update_cfg, actor_tx, critic_tx)
     ref = jax.tree.map(jnp.copy, actor_params) if config.algorithm.use_kl_loss else None
     labels = tuple(MI_STRATEGIES.values())
@@ -165,7 +168,10 @@ def validate(run: Run, params, step: int) -> dict[str, float]:
     key = jax.random.fold_in(jax.random.key(cfg.seed + 7919), step)
     trajs = validation_rollouts(run.val_rollout, params, key, cfg.validation.episodes, r.val_temperature,
                                 r.val_greedy)
-    return {f"val/{k}": v for k, v in validation_metrics(trajs, group_size=1).items()}
+    metrics = {f"val/{k}": v for k, v in validation_metrics(trajs, group_size=1).items()}
+    if r.mode == "host":
+        metrics.update(host_error_metrics(trajs, "val"))
+    return metrics
 
 
 def _block(tree):
@@ -208,6 +214,8 @@ def training_step(run: Run, state: TrainState, step: int, base_key) -> tuple[Tra
     metrics["timing/rollout_s"] = time.time() - t0
     check_finite_rewards(np.asarray(traj.episode_reward), "episode rewards")
     metrics.update(rollout_metrics(traj))
+    if run.rollout_cfg.mode == "host":
+        metrics.update(host_error_metrics(traj, "rollout"))
 
     if config.mi.enabled and should_compute_mi(step, config.mi.every) and config.rollout.context_mode == "full":
         t1 = time.time()
@@ -248,6 +256,7 @@ def open_run(config, run_dir: str, is_main: bool):
             write_run_config(run_dir, config)
     except BaseException:
         ckpt.close()
+        run.close()
         raise
     return run, state, ckpt, start, early, gate
 
@@ -340,6 +349,7 @@ def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = No
         guard.close()
         recorder.close()
         ckpt.close()
+        run.close()
     return {
         "run_dir": run_dir,
         "stop_reason": stop_reason or "completed",
@@ -382,6 +392,9 @@ def load_run(config, run_dir: str) -> tuple[Run, TrainState, int]:
 def evaluate(config, run_dir: str) -> dict[str, float]:
     """Validation rollouts of the latest checkpoint in ``run_dir`` (or of the initial policy when none)."""
     run, state, step = load_run(config, run_dir)
-    metrics = validate(run, state.actor, step)
+    try:
+        metrics = validate(run, state.actor, step)
+    finally:
+        run.close()
     metrics["checkpoint_step"] = float(step)
     return metrics

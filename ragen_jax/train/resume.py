@@ -37,6 +37,7 @@ RESUME_FREE_KEYS = (
     # which steps are validated; validation never touches the training state (it feeds only the
     # low-validation-success stopping rule)
     "validation.every",
+    "rollout.host_workers",  # where host envs run, not what they compute
     "sft.cache_dir",  # where the warm start is cached, not what it is
     "mesh.",  # the device layout: a preempted run may resume on another topology (sharded == unsharded)
     "compile_cache.",  # where compiled programs are cached, not what they compute
