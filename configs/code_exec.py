@@ -31,6 +31,9 @@ def get_config(algorithm: str = ""):
     c.rollout.group_size = 8
     c.rollout.max_turns = 1
     c.rollout.max_new_tokens = 4000
+    # The longest user message in tokens: the shipped problems are <= 430 characters; DeepCoder's own
+    # problem statements run to a few thousand tokens (raise it with data_path).
+    c.rollout.max_user_tokens = 512
     c.algorithm.use_kl_loss = False
     c.mi.enabled = False
     c.trainer.total_steps = 200

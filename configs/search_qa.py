@@ -33,6 +33,9 @@ def get_config(algorithm: str = ""):
     c.rollout.group_size = 8
     c.rollout.max_turns = 5
     c.rollout.max_new_tokens = 300
+    # The longest user message in tokens: a search result holds 5 passages (up to ~4,000 characters,
+    # about 1,000 BPE tokens) plus the turn text.
+    c.rollout.max_user_tokens = 1280
     c.algorithm.mini_batch_size = 32
     c.trainer.total_steps = 200
     return c
