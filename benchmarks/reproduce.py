@@ -22,7 +22,8 @@ run ``<results-dir>/reproduce_<study>.json`` gets the settings, seeds, wall time
 the (validation, predictor) points and the MI / entropy curves of the runs so far.
 
 ``--quick``: tests/configs/small.py's tiny model and batches, 4 steps, 1 seed: a smoke test of the
-tooling (minutes for ``all``); its numbers are no reproduction. ``--limit N`` keeps the first N runs of
+tooling (minutes for ``all``); its numbers are no reproduction, and it keeps its runs, results and report
+under runs/reproduce_quick/ (``report --quick`` renders those). ``--limit N`` keeps the first N runs of
 each study (smoke tests).
 """
 
@@ -150,7 +151,7 @@ def execute(spec: RunSpec, out_dir: Path, quick: bool, extra: list[str], runner=
     if spec.study == "gradients":
         probes = run_dir / "gradient_probes.json"
         runner(["benchmarks/reproduce_gradients.py", *args, f"--config.run_dir={run_dir}", f"--out={probes}",
-                f"--rounds={1 if quick else 4}"], out_dir / spec.study / f"{spec.name}.probe.log")
+                f"--rounds={2 if quick else 4}"], out_dir / spec.study / f"{spec.name}.probe.log")
         record["probes"] = json.loads(probes.read_text())["probes"]
     return record
 
@@ -183,17 +184,18 @@ def run_study(study: str, a, runner=run_command) -> dict:
 
 def run_predictors(a) -> dict:
     """Correlations over every (run, validation) point of the training studies' results found."""
-    points, sources = [], []
+    points, sources, quick = [], [], False
     for study in TRAIN_STUDIES:
         path = Path(a.results_dir) / f"reproduce_{study}.json"
         if path.exists():
             data = json.loads(path.read_text())
             sources.append(study)
+            quick |= data["quick"]
             for run in data["runs"]:
                 points += [{**p, "run": run["name"], "study": study} for p in run["points"]]
     keys = sorted({k for p in points for k, v in p.items() if v is not None and A.family_of(k)})
     table = A.correlation_table(points, keys, n_boot=a.n_boot, seed=0)
-    result = {"study": "predictors", "quick": a.quick, "sources": sources, "num_points": len(points),
+    result = {"study": "predictors", "quick": quick, "command": "python benchmarks/reproduce.py predictors", "sources": sources, "num_points": len(points),
               "num_runs": len({(p["study"], p["run"]) for p in points}), "n_boot": a.n_boot, "table": table}
     write_json(Path(a.results_dir) / "reproduce_predictors.json", result)
     for t in sorted(table, key=lambda t: -t["spearman"] if t["spearman"] == t["spearman"] else 9):
@@ -208,12 +210,21 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny model, 4 steps, 1 seed: a smoke test, not a reproduction")
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="replace every study's seeds")
     p.add_argument("--limit", type=int, default=None, help="run only the first N runs of each study")
-    p.add_argument("--out-dir", default=str(ROOT / "runs" / "reproduce"))
-    p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--doc", default=str(ROOT / "docs" / "reproduction.md"), help="the report (report, all)")
+    # --quick has its own defaults: a finished quick run must never be skipped as a finished full one,
+    # nor its numbers overwrite the full results or the committed report.
+    p.add_argument("--out-dir", default=None, help="runs/reproduce (--quick: runs/reproduce_quick)")
+    p.add_argument("--results-dir", default=None,
+                   help="benchmarks/results (--quick: runs/reproduce_quick/results)")
+    p.add_argument("--doc", default=None,
+                   help="the report of report and all: docs/reproduction.md (--quick: runs/reproduce_quick/reproduction.md)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the correlations")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides for every run")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    quick_dir = ROOT / "runs" / "reproduce_quick"
+    a.out_dir = a.out_dir or str(quick_dir if a.quick else ROOT / "runs" / "reproduce")
+    a.results_dir = a.results_dir or str(quick_dir / "results" if a.quick else ROOT / "benchmarks" / "results")
+    a.doc = a.doc or str(quick_dir / "reproduction.md" if a.quick else ROOT / "docs" / "reproduction.md")
+    return a
 
 
 def main(argv=None) -> None:

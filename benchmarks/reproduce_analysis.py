@@ -194,6 +194,16 @@ def verdict_from_counts(passed: int, total: int) -> str:
     return "partly" if passed > 0 else "not reproduced"
 
 
+def bucket_norms(probe: Mapping[str, float], component: str) -> list[tuple[int, float]]:
+    """[(bucket index, norm)] of ``grad_norm/bucket_<i>/<component>`` in a probe, by index (1 = lowest std)."""
+    found = []
+    for key, value in probe.items():
+        m = re.match(rf"^grad_norm/bucket_(\d+)/{component}$", key)
+        if m and value is not None:
+            found.append((int(m.group(1)), float(value)))
+    return sorted(found)
+
+
 def gradient_trend(probes: Sequence[Mapping[str, float]], component: str) -> dict[str, float]:
     """How a component's gradient norm moves with the reward-std bucket, over probes (one per checkpoint).
 
@@ -203,8 +213,7 @@ def gradient_trend(probes: Sequence[Mapping[str, float]], component: str) -> dic
     """
     rhos, ratios = [], []
     for probe in probes:
-        buckets = sorted((int(m.group(1)), v) for k, v in probe.items()
-                         if (m := re.match(rf"^grad_norm/bucket_(\d+)/{component}$", k)) and v is not None)
+        buckets = bucket_norms(probe, component)
         if len(buckets) < 3:
             continue
         idx, norms = zip(*buckets)

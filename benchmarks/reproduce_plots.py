@@ -65,8 +65,7 @@ def gradient_bars(probes: Sequence[Mapping[str, float]], path: str) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(9, 3))
     for ax, comp in zip(axes, components):
         for probe in probes:
-            buckets = sorted((int(m.group(1)), v) for k, v in probe.items()
-                             if (m := re.match(rf"^grad_norm/bucket_(\d+)/{comp}$", k)))
+            buckets = A.bucket_norms(probe, comp)
             if buckets:
                 ax.plot(*zip(*buckets), marker="o", markersize=3, label=f"step {probe['step']}")
         ax.set_title(f"{comp} gradient norm", fontsize=9)

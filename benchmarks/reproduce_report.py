@@ -125,10 +125,7 @@ def gradients_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str
     lines = ["| step | task norm by bucket (low -> high reward std) | entropy norm by bucket | KL norm by bucket |",
              "|---|---|---|---|"]
     for p in probes:
-        row = [" ".join(f"{p[k]:.3g}" for k in sorted((k for k in p if k.startswith("grad_norm/bucket_")
-                                                       and k.endswith(f"/{c}") and "/per_" not in k),
-                                                      key=lambda k: int(k.split("/")[1].split("_")[1])))
-               for c in ("task", "entropy", "kl")]
+        row = [" ".join(f"{v:.3g}" for _, v in A.bucket_norms(p, c)) for c in ("task", "entropy", "kl")]
         lines.append(f"| {p['step']} | {row[0]} | {row[1]} | {row[2]} |")
     trend = {c: A.gradient_trend(probes, c) for c in ("task", "entropy", "kl")}
     lines += ["", "Mean over checkpoints: " + "; ".join(
@@ -171,6 +168,8 @@ def render(results_dir: Path, doc: Path) -> str:
             command = data.get("command") or f"python benchmarks/reproduce.py {study}"
             body += [f"**Command.** `{command}`", "", "**Ours.**", "", *lines, "", "**Checks.**", ""]
             body += [f"- {'pass' if ok else 'fail' if ok is not None else 'undecided'}: {what}" for what, ok in checks]
+            if not checks:
+                body.append("- none could be computed (a condition, a metric or >= 3 reward-std buckets is missing)")
             body += ["", f"**Verdict: {verdict}.**", ""]
         summary.append(f"| {TITLES[study]} | {verdict} |")
     return "\n".join(out + summary + [""] + body)

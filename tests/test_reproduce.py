@@ -66,7 +66,7 @@ def test_validation_points_take_the_nearest_logged_step(tmp_path):
 
     mi = "collapse_trajectory_sample/mi_zscore"
     rows = [{"step": 0, "val/success": 0.1}, {"step": 1, mi: 1.0, "actor/entropy": 0.5},
-            *({"step": s, "actor/entropy": 0.5 + s} for s in range(2, 11) if s != 5),
+            *({"step": s, "actor/entropy": 0.5 + s} for s in range(2, 10) if s != 5),
             {"step": 5, mi: 2.0, "actor/entropy": 5.5}, {"step": 10, mi: 3.0, "val/success": 0.4},
             {"step": 20, "val/success": 0.9}]
     _write_metrics(tmp_path, rows)
@@ -75,7 +75,7 @@ def test_validation_points_take_the_nearest_logged_step(tmp_path):
     points = A.validation_points(rows, ["actor/entropy", mi], max_gap=5)
     assert [p["step"] for p in points] == [0, 10, 20]
     assert points[0][mi] == 1.0 and points[0]["actor/entropy"] == 0.5  # step 0: nearest is step 1
-    assert points[1][mi] == 3.0 and points[1]["actor/entropy"] == 10.5
+    assert points[1][mi] == 3.0 and points[1]["actor/entropy"] == 9.5  # step 10 lacks it: step 9
     assert points[2][mi] is None  # nothing within 5 steps of step 20
     assert A.family_of(mi) == "mi" and A.family_of("actor/entropy") == "entropy"
     assert A.family_of("collapse_first_turn_sample/conditional_entropy_seq_est") == "entropy"
@@ -141,8 +141,9 @@ def _run(task, condition, seed, final, study="filter", curves=None):
 
 
 def test_filter_and_top_p_verdicts():
-    runs = [_run("sokoban", c, s, f + 0.01 * s) for s in range(3)
-            for c, f in (("no_filter", 0.1), ("top_p_linear", 0.5), ("top_p_softmax", 0.12))]
+    finals = {"no_filter": (0.1, 0.11, 0.12), "top_p_linear": (0.5, 0.51, 0.52),
+              "top_p_softmax": (0.05, 0.25, 0.15)}  # +0.04 on average, within its seeds' std 0.08
+    runs = [_run("sokoban", c, s, f[s]) for s in range(3) for c, f in finals.items()]
     checks = A.filter_checks(runs)
     assert [ok for _, ok in checks] == [True, False]
     assert A.verdict(checks) == "partly"
