@@ -131,6 +131,14 @@ def run_command(args: list[str], log: Path) -> float:
     return time.time() - start
 
 
+def mi_every(run_dir: Path, default: int = 5) -> int:
+    """The run's ``mi.every`` (its config.json): how far a validation step may be from its MI metrics."""
+    path = run_dir / "config.json"
+    if not path.exists():
+        return default
+    return int(json.loads(path.read_text()).get("mi", {}).get("every", default))
+
+
 def execute(spec: RunSpec, out_dir: Path, quick: bool, extra: list[str], runner=run_command) -> dict:
     """Train one run (skipped when its log holds the trainer's summary) and return its record."""
     run_dir, log = out_dir / spec.study / spec.name, out_dir / spec.study / f"{spec.name}.log"
@@ -147,7 +155,7 @@ def execute(spec: RunSpec, out_dir: Path, quick: bool, extra: list[str], runner=
 
     record = {**dataclasses.asdict(spec), "name": spec.name, "args": args, "run_dir": str(run_dir),
               "wall_s": summary.get("wall_time_s"), "stop_reason": summary.get("stop_reason"), "skipped": skipped,
-              **A.run_record(read_metrics(str(run_dir)))}
+              **A.run_record(read_metrics(str(run_dir)), max_gap=mi_every(run_dir))}
     if spec.study == "gradients":
         probes = run_dir / "gradient_probes.json"
         runner(["benchmarks/reproduce_gradients.py", *args, f"--config.run_dir={run_dir}", f"--out={probes}",

@@ -59,7 +59,7 @@ def _fmt(x: float) -> str:
 def filter_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], list]:
     runs = data["runs"]
     lines = ["| task | condition | final val success | per-seed delta vs no_filter | vs no_filter |", "|---|---|---|---|---|"]
-    plots = []
+    plots, per_step = [], []
     for task in sorted({r["task"] for r in runs}):
         base = A.finals_by(runs, task=task, condition="no_filter")
         groups = {}
@@ -73,7 +73,23 @@ def filter_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], 
             lines.append(f"| {task} | {cond} | {_ms(list(finals.values()))} | "
                          f"{', '.join(f's{s}: {d:+.3f}' for s, d in deltas.items())} | {outcome} |")
         plots.append(P.band_plot(groups, f"filter: {task}", "val success", str(plot_dir / f"filter_{task}.png")))
-    return lines + [""] + [f"![{Path(p).stem}]({rel}/{Path(p).name})" for p in plots], A.filter_checks(runs)
+        per_step += [""] + band_table(f"{task}: val success by step, mean +- std over seeds", groups)
+    return (lines + per_step + [""] + [f"![{Path(p).stem}]({rel}/{Path(p).name})" for p in plots],
+            A.filter_checks(runs))
+
+
+def band_table(title: str, groups: Mapping[str, Sequence]) -> list[str]:
+    """A markdown table: one row per step every seed of a group has, one column per group (mean +- std)."""
+    bands = {g: A.seed_band(curves) for g, curves in groups.items()}
+    steps = sorted({s for b in bands.values() for s in b["step"]})
+    lines = [f"*{title}*", "", "| step | " + " | ".join(bands) + " |", "|---" * (len(bands) + 1) + "|"]
+    for step in steps:
+        cells = []
+        for b in bands.values():
+            i = b["step"].index(step) if step in b["step"] else None
+            cells.append("-" if i is None else f"{b['mean'][i]:.3f} +- {b['std'][i]:.3f}")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def top_p_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], list]:
@@ -83,6 +99,7 @@ def top_p_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], l
     lines += [f"| {c} | {_ms(list(A.finals_by(runs, condition=c).values()))} |" for c in conds]
     groups = {c: [r["val_curve"] for r in runs if r["condition"] == c] for c in conds}
     plot = P.band_plot(groups, "top-p sweep", "val success", str(plot_dir / "top_p.png"))
+    lines += [""] + band_table("val success by step, mean +- std over seeds", groups)
     return lines + ["", f"![top_p]({rel}/{Path(plot).name})"], A.top_p_checks(runs)
 
 
@@ -166,7 +183,12 @@ def render(results_dir: Path, doc: Path) -> str:
                 body += ["> **Quick smoke size** (`--quick`: tiny model, 4 steps, 1 seed). These numbers only show "
                          "that the tooling runs; no verdict can be drawn from them.", ""]
             command = data.get("command") or f"python benchmarks/reproduce.py {study}"
-            body += [f"**Command.** `{command}`", "", "**Ours.**", "", *lines, "", "**Checks.**", ""]
+            body += [f"**Command.** `{command}`", ""]
+            walls = [r["wall_s"] for r in data.get("runs", []) if r.get("wall_s")]
+            if walls:
+                body += [f"{len(walls)} runs, seeds {data.get('seeds')}, trainer wall time {sum(walls) / 60:.1f} min "
+                         f"in all ({statistics.fmean(walls) / 60:.1f} min per run).", ""]
+            body += ["**Ours.**", "", *lines, "", "**Checks.**", ""]
             body += [f"- {'pass' if ok else 'fail' if ok is not None else 'undecided'}: {what}" for what, ok in checks]
             if not checks:
                 body.append("- none could be computed (a condition, a metric or >= 3 reward-std buckets is missing)")
