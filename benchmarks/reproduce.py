@@ -139,6 +139,15 @@ def mi_every(run_dir: Path, default: int = 5) -> int:
     return int(json.loads(path.read_text()).get("mi", {}).get("every", default))
 
 
+def probes_complete(probes: Path, checkpoints: Path) -> bool:
+    """Whether the probe file holds step 0 and every checkpoint step (a finished probe is not rebuilt)."""
+    if not probes.exists():
+        return False
+    done = {p["step"] for p in json.loads(probes.read_text())["probes"]}
+    saved = {int(d.name) for d in checkpoints.iterdir() if d.name.isdigit()} if checkpoints.exists() else set()
+    return {0} | saved <= done
+
+
 def execute(spec: RunSpec, out_dir: Path, quick: bool, extra: list[str], runner=run_command) -> dict:
     """Train one run (skipped when its log holds the trainer's summary) and return its record."""
     run_dir, log = out_dir / spec.study / spec.name, out_dir / spec.study / f"{spec.name}.log"
@@ -158,8 +167,9 @@ def execute(spec: RunSpec, out_dir: Path, quick: bool, extra: list[str], runner=
               **A.run_record(read_metrics(str(run_dir)), max_gap=mi_every(run_dir))}
     if spec.study == "gradients":
         probes = run_dir / "gradient_probes.json"
-        runner(["benchmarks/reproduce_gradients.py", *args, f"--config.run_dir={run_dir}", f"--out={probes}",
-                f"--rounds={2 if quick else 4}"], out_dir / spec.study / f"{spec.name}.probe.log")
+        if not probes_complete(probes, run_dir / "checkpoints"):
+            runner(["benchmarks/reproduce_gradients.py", *args, f"--config.run_dir={run_dir}", f"--out={probes}",
+                    f"--rounds={2 if quick else 4}"], out_dir / spec.study / f"{spec.name}.probe.log")
         record["probes"] = json.loads(probes.read_text())["probes"]
     return record
 

@@ -186,12 +186,13 @@ def render(results_dir: Path, doc: Path) -> str:
             body += [f"**Command.** `{command}`", ""]
             walls = [r["wall_s"] for r in data.get("runs", []) if r.get("wall_s")]
             if walls:
-                body += [f"{len(walls)} runs, seeds {data.get('seeds')}, trainer wall time {sum(walls) / 60:.1f} min "
+                body += [f"Runs: {len(walls)}, seeds {data.get('seeds')}, trainer wall time {sum(walls) / 60:.1f} min "
                          f"in all ({statistics.fmean(walls) / 60:.1f} min per run).", ""]
             body += ["**Ours.**", "", *lines, "", "**Checks.**", ""]
             body += [f"- {'pass' if ok else 'fail' if ok is not None else 'undecided'}: {what}" for what, ok in checks]
             if not checks:
-                body.append("- none could be computed (a condition, a metric or >= 3 reward-std buckets is missing)")
+                body.append("- none could be computed (a condition or a metric is missing, fewer than 3 reward-std "
+                            "buckets, or constant norms, e.g. no group with reward variance)")
             body += ["", f"**Verdict: {verdict}.**", ""]
         summary.append(f"| {TITLES[study]} | {verdict} |")
     return "\n".join(out + summary + [""] + body)

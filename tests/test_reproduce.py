@@ -240,6 +240,33 @@ def test_a_finished_run_is_skipped(tmp_path):
     assert saved["runs"][0]["points"][0]["actor/entropy"] == 1.0
 
 
+def test_the_gradient_probe_runs_once_per_checkpoint(tmp_path):
+    calls = []
+
+    def fake_runner(args, log):
+        calls.append(args[0])
+        run_dir = Path(next(a for a in args if a.startswith("--config.run_dir=")).split("=", 1)[1])
+        if args[0] == "-m":  # the trainer: metrics, checkpoints 2 and 4, its summary
+            _write_metrics(run_dir, [{"step": 0, "val/success": 0.0}, {"step": 4, "val/success": 0.5}])
+            for step in (2, 4):
+                (run_dir / "checkpoints" / str(step)).mkdir(parents=True)
+            log.write_text(json.dumps({"run_dir": str(run_dir), "wall_time_s": 1.0}, indent=2) + "\n")
+        else:  # reproduce_gradients.py
+            out = Path(next(a for a in args if a.startswith("--out=")).split("=", 1)[1])
+            out.write_text(json.dumps({"probes": [{"step": s, "grad_norm/bucket_1/task": 1.0} for s in (0, 2, 4)]}))
+
+    a = reproduce.parse_args(["gradients", "--quick", "--out-dir", str(tmp_path / "runs"),
+                              "--results-dir", str(tmp_path / "results")])
+    first = reproduce.run_study("gradients", a, runner=fake_runner)
+    assert calls == ["-m", "benchmarks/reproduce_gradients.py"]
+    assert [p["step"] for p in first["runs"][0]["probes"]] == [0, 2, 4]
+    reproduce.run_study("gradients", a, runner=fake_runner)
+    assert len(calls) == 2  # nothing left to do
+    (tmp_path / "runs" / "gradients" / first["runs"][0]["name"] / "checkpoints" / "6").mkdir()
+    reproduce.run_study("gradients", a, runner=fake_runner)
+    assert calls[2:] == ["benchmarks/reproduce_gradients.py"]  # a new checkpoint: probed again
+
+
 # ---------------------------------------------------------------- for real, at the smoke size
 @pytest.mark.slow  # ~3 min on 2 CPU cores: 4 tiny training runs, one gradient probe, the report
 def test_all_quick_for_real(tmp_path):
