@@ -1,4 +1,4 @@
-"""Pure analysis behind ``benchmarks/reproduce.py``: alignment, correlations, bootstrap CIs, seed spread, verdicts.
+"""Pure analysis behind ``benchmarks/reproduce.py``: alignment, correlations, bootstrap CIs, seed spread, the gain rule.
 
 Inputs are the rows of runs' ``metrics.jsonl`` (``ragen_jax.train.metrics.read_metrics``) or plain lists; no
 file is written here. Kept next to the benchmark rather than in ``ragen_jax.diagnostics``: it compares many
@@ -185,13 +185,6 @@ def ci_sign(ci: tuple[float, float]) -> int:
     return 1 if low > 0 else -1 if high < 0 else 0
 
 
-def verdict_from_counts(passed: int, total: int) -> str:
-    """"reproduced" (all checks pass), "partly" (some), "not reproduced" (none), "not run yet" (no checks)."""
-    if total == 0:
-        return "not run yet"
-    if passed == total:
-        return "reproduced"
-    return "partly" if passed > 0 else "not reproduced"
 
 
 def bucket_norms(probe: Mapping[str, float], component: str) -> list[tuple[int, float]]:
@@ -263,64 +256,7 @@ def finals_by(runs: Sequence[Mapping], **match) -> dict[int, float]:
     return out
 
 
-# ---------------------------------------------------------------- verdicts, one per claim: (verdict, checks)
-Check = tuple[str, bool | None]  # (what is checked, passed; None = cannot be decided, e.g. too few seeds)
-
-
-def _verdict(checks: list[Check]) -> str:
-    decided = [ok for _, ok in checks if ok is not None]
-    if not checks:
-        return "not run yet"
-    if not decided:
-        return "undecided (too few seeds)"
-    return verdict_from_counts(sum(decided), len(decided))
-
-
-def _outcome(treatment: Mapping[int, float], baseline: Mapping[int, float], want: str) -> bool | None:
-    result = compare(list(treatment.values()), list(baseline.values()))
-    return None if result == "too few seeds" else result == want
-
-
-def filter_checks(runs: Sequence[Mapping]) -> list[Check]:
-    """Each filter (top_p_linear, top_p_softmax) against no_filter on each task: a gain beyond the spread."""
-    checks = []
-    for task in sorted({r["task"] for r in runs}):
-        base = finals_by(runs, task=task, condition="no_filter")
-        for cond in ("top_p_linear", "top_p_softmax"):
-            treat = finals_by(runs, task=task, condition=cond)
-            if base and treat:
-                checks.append((f"{task}: {cond} > no_filter", _outcome(treat, base, "gain")))
-    return checks
-
-
-def top_p_checks(runs: Sequence[Mapping]) -> list[Check]:
-    """p = 0.98 and 0.9 beat p = 1.0 (no filter); p = 0.6 falls below p = 0.98 (too aggressive)."""
-    by = {c: finals_by(runs, condition=c) for c in {r["condition"] for r in runs}}
-    checks = []
-    for treat, base, want in (("p=0.98", "p=1.0", "gain"), ("p=0.9", "p=1.0", "gain"), ("p=0.6", "p=0.98", "loss")):
-        if by.get(treat) and by.get(base):
-            checks.append((f"{treat} {'>' if want == 'gain' else '<'} {base}", _outcome(by[treat], by[base], want)))
-    return checks
-
-
-def predictor_checks(table: Sequence[Mapping]) -> list[Check]:
-    """Some MI-family metric correlates positively with success (Spearman CI above 0), no entropy-family
-    metric does, and the MI family's mean Spearman exceeds the entropy family's."""
-    mi = [t for t in table if t["family"] == "mi" and math.isfinite(t["spearman"])]
-    ent = [t for t in table if t["family"] == "entropy" and math.isfinite(t["spearman"])]
-    if not mi or not ent:
-        return []
-    return [("an MI-family metric has Spearman CI > 0", any(ci_sign(t["spearman_ci"]) > 0 for t in mi)),
-            ("no entropy-family metric has Spearman CI > 0", not any(ci_sign(t["spearman_ci"]) > 0 for t in ent)),
-            ("mean Spearman: MI family > entropy family",
-             float(np.mean([t["spearman"] for t in mi])) > float(np.mean([t["spearman"] for t in ent])))]
-
-
-COLLAPSE_MI = "collapse_trajectory_sample/retrieval_accuracy"
-COLLAPSE_ENTROPY = "collapse_trajectory_sample/conditional_entropy_est"
-
-
-def _ends(runs: Sequence[Mapping], condition: str, key: str) -> tuple[dict[int, float], dict[int, float]]:
+def curve_ends(runs: Sequence[Mapping], condition: str, key: str) -> tuple[dict[int, float], dict[int, float]]:
     """({seed: first value}, {seed: last value}) of a curve over the runs of ``condition``."""
     first, last = {}, {}
     for r in runs:
@@ -328,39 +264,3 @@ def _ends(runs: Sequence[Mapping], condition: str, key: str) -> tuple[dict[int, 
         if r["condition"] == condition and c:
             first[int(r["seed"])], last[int(r["seed"])] = c[0][1], c[-1][1]
     return first, last
-
-
-def collapse_checks(runs: Sequence[Mapping]) -> list[Check]:
-    """Unfiltered: MI (retrieval accuracy) falls beyond the spread while the conditional entropy does not;
-    filtered: the final MI exceeds the unfiltered run's beyond the spread (template collapse, fig7)."""
-    checks = []
-    mi0, mi1 = _ends(runs, "no_filter", COLLAPSE_MI)
-    if mi0:
-        checks.append(("no_filter: retrieval accuracy falls", _outcome(mi1, mi0, "loss")))
-    h0, h1 = _ends(runs, "no_filter", COLLAPSE_ENTROPY)
-    if h0:
-        fell = _outcome(h1, h0, "loss")
-        checks.append(("no_filter: conditional entropy does not fall", None if fell is None else not fell))
-    _, f1 = _ends(runs, "top_p_linear", COLLAPSE_MI)
-    if f1 and mi1:
-        checks.append(("final retrieval accuracy: top_p_linear > no_filter", _outcome(f1, mi1, "gain")))
-    return checks
-
-
-def gradient_checks(probes: Sequence[Mapping[str, float]]) -> list[Check]:
-    """The task-gradient norm rises with the bucket's reward std (mean Spearman over probes > 0.5) and
-    spreads over the buckets more than each regularizer's (max/min ratio), as in fig12."""
-    task = gradient_trend(probes, "task")
-    if not task["probes"]:
-        return []
-    checks = [("task norm rises with reward std (mean Spearman > 0.5)", task["rho"] > 0.5)]
-    for reg in ("entropy", "kl"):
-        r = gradient_trend(probes, reg)
-        if r["probes"] and math.isfinite(r["ratio"]) and math.isfinite(task["ratio"]):
-            checks.append((f"{reg} norm flatter than task norm across buckets (max/min ratio)", r["ratio"] < task["ratio"]))
-    return checks
-
-
-def verdict(checks: list[Check]) -> str:
-    """"reproduced" / "partly" / "not reproduced" / "not run yet" / "undecided (too few seeds)"."""
-    return _verdict(checks)

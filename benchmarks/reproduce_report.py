@@ -2,7 +2,7 @@
 
 Per claim of RAGEN-2 (arXiv 2604.06268): the paper's numbers, ours (from ``<results-dir>/reproduce_<study>.json``),
 the command, the plots (PNG next to the document, in ``reproduction/``) and the verdict that
-``reproduce_analysis`` computes from the checks (a gain only beyond the seeds' spread; a correlation
+``reproduce_verdicts`` computes from the checks (a gain only beyond the seeds' spread; a correlation
 only when its bootstrap CI excludes 0). A study without results reads "not run yet"; a ``--quick``
 study's numbers are printed but its verdict is "no verdict (quick smoke size)".
 """
@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 
 import reproduce_analysis as A
 import reproduce_plots as P
+import reproduce_verdicts as V
 
 PAPER = {
     "filter": "Main table (PPO, Qwen2.5-3B, top-p 0.9, 400 steps), validation success %: Sokoban 12.9 -> 28.9 "
@@ -75,7 +76,7 @@ def filter_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], 
         plots.append(P.band_plot(groups, f"filter: {task}", "val success", str(plot_dir / f"filter_{task}.png")))
         per_step += [""] + band_table(f"{task}: val success by step, mean +- std over seeds", groups)
     return (lines + per_step + [""] + [f"![{Path(p).stem}]({rel}/{Path(p).name})" for p in plots],
-            A.filter_checks(runs))
+            V.filter_checks(runs))
 
 
 def band_table(title: str, groups: Mapping[str, Sequence]) -> list[str]:
@@ -100,7 +101,7 @@ def top_p_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], l
     groups = {c: [r["val_curve"] for r in runs if r["condition"] == c] for c in conds}
     plot = P.band_plot(groups, "top-p sweep", "val success", str(plot_dir / "top_p.png"))
     lines += [""] + band_table("val success by step, mean +- std over seeds", groups)
-    return lines + ["", f"![top_p]({rel}/{Path(plot).name})"], A.top_p_checks(runs)
+    return lines + ["", f"![top_p]({rel}/{Path(plot).name})"], V.top_p_checks(runs)
 
 
 def predictors_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], list]:
@@ -113,7 +114,7 @@ def predictors_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[st
         lines.append(f"| {t['family']} | {t['metric']} | {t['n']} | {_fmt(t['spearman'])} [{_fmt(s[0])}, {_fmt(s[1])}] | "
                      f"{_fmt(t['pearson'])} [{_fmt(p[0])}, {_fmt(p[1])}] |")
     plot = P.correlation_bars(table, str(plot_dir / "predictors.png"))
-    return lines + ["", f"![predictors]({rel}/{Path(plot).name})"], A.predictor_checks(table)
+    return lines + ["", f"![predictors]({rel}/{Path(plot).name})"], V.predictor_checks(table)
 
 
 def collapse_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], list]:
@@ -123,18 +124,18 @@ def collapse_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str]
     plots = []
     conds = sorted({r["condition"] for r in runs})
     for cond in conds:
-        mi0, mi1 = A._ends(runs, cond, A.COLLAPSE_MI)
-        h0, h1 = A._ends(runs, cond, A.COLLAPSE_ENTROPY)
+        mi0, mi1 = A.curve_ends(runs, cond, V.COLLAPSE_MI)
+        h0, h1 = A.curve_ends(runs, cond, V.COLLAPSE_ENTROPY)
         lines.append(f"| {cond} | {_ms(list(mi0.values()))} -> {_ms(list(mi1.values()))} | "
                      f"{_ms(list(h0.values()))} -> {_ms(list(h1.values()))} | "
                      f"{_ms(list(A.finals_by(runs, condition=cond).values()))} |")
-    for key, label in (("val_curve", "val success"), (A.COLLAPSE_MI, "retrieval accuracy"),
-                       (A.COLLAPSE_ENTROPY, "conditional entropy")):
+    for key, label in (("val_curve", "val success"), (V.COLLAPSE_MI, "retrieval accuracy"),
+                       (V.COLLAPSE_ENTROPY, "conditional entropy")):
         groups = {c: [r["val_curve"] if key == "val_curve" else r["curves"].get(key, []) for r in runs
                       if r["condition"] == c] for c in conds}
         name = "collapse_" + label.replace(" ", "_")
         plots.append(P.band_plot(groups, f"collapse: {label}", label, str(plot_dir / f"{name}.png")))
-    return lines + [""] + [f"![{Path(p).stem}]({rel}/{Path(p).name})" for p in plots], A.collapse_checks(runs)
+    return lines + [""] + [f"![{Path(p).stem}]({rel}/{Path(p).name})" for p in plots], V.collapse_checks(runs)
 
 
 def gradients_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str], list]:
@@ -149,7 +150,7 @@ def gradients_section(data: Mapping, plot_dir: Path, rel: str) -> tuple[list[str
         f"{c}: Spearman(bucket, norm) {_fmt(t['rho'])}, max/min {t['ratio']:.2f}" for c, t in trend.items()
         if t["probes"])]
     plot = P.gradient_bars(probes, str(plot_dir / "gradients.png"))
-    return lines + ["", f"![gradients]({rel}/{Path(plot).name})"], A.gradient_checks(probes)
+    return lines + ["", f"![gradients]({rel}/{Path(plot).name})"], V.gradient_checks(probes)
 
 
 SECTIONS = {"filter": filter_section, "top_p": top_p_section, "predictors": predictors_section,
@@ -177,7 +178,7 @@ def render(results_dir: Path, doc: Path) -> str:
             body += [f"**Ours.** Not run yet: `python benchmarks/reproduce.py {study}`.", ""]
         else:
             lines, checks = section(data, plot_dir, "reproduction")
-            verdict = A.verdict(checks)
+            verdict = V.verdict(checks)
             if data.get("quick"):
                 verdict = "no verdict (quick smoke size)"
                 body += ["> **Quick smoke size** (`--quick`: tiny model, 4 steps, 1 seed). These numbers only show "

@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import reproduce  # noqa: E402
 import reproduce_analysis as A  # noqa: E402
 import reproduce_report as R  # noqa: E402
+import reproduce_verdicts as V  # noqa: E402
 
 stats = pytest.importorskip("scipy.stats")
 
@@ -110,7 +111,7 @@ def test_correlation_table_over_points_of_several_runs(tmp_path):
     assert mi["n"] == 20 and mi["spearman"] == pytest.approx(stats.spearmanr(x, y).statistic)
     assert mi["pearson"] == pytest.approx(stats.pearsonr(x, y).statistic)
     assert A.ci_sign(mi["spearman_ci"]) == 1
-    checks = A.predictor_checks(list(table.values()))
+    checks = V.predictor_checks(list(table.values()))
     assert checks[0][1] and checks[2][1]
 
 
@@ -129,10 +130,10 @@ def test_a_gain_must_exceed_the_seeds_spread():
     assert A.compare([0.2, 0.6], [0.1, 0.5]) == "within spread"  # diff 0.1 < std 0.2
     assert A.compare([0.9], [0.1]) == "too few seeds"
     assert A.spread([0.2, 0.6], [0.1, 0.1]) == pytest.approx(0.2)
-    assert A.verdict_from_counts(0, 0) == "not run yet"
-    assert A.verdict_from_counts(2, 2) == "reproduced"
-    assert A.verdict_from_counts(1, 3) == "partly"
-    assert A.verdict_from_counts(0, 3) == "not reproduced"
+    assert V.verdict_from_counts(0, 0) == "not run yet"
+    assert V.verdict_from_counts(2, 2) == "reproduced"
+    assert V.verdict_from_counts(1, 3) == "partly"
+    assert V.verdict_from_counts(0, 3) == "not reproduced"
 
 
 def _run(task, condition, seed, final, study="filter", curves=None):
@@ -144,28 +145,28 @@ def test_filter_and_top_p_verdicts():
     finals = {"no_filter": (0.1, 0.11, 0.12), "top_p_linear": (0.5, 0.51, 0.52),
               "top_p_softmax": (0.05, 0.25, 0.15)}  # +0.04 on average, within its seeds' std 0.08
     runs = [_run("sokoban", c, s, f[s]) for s in range(3) for c, f in finals.items()]
-    checks = A.filter_checks(runs)
+    checks = V.filter_checks(runs)
     assert [ok for _, ok in checks] == [True, False]
-    assert A.verdict(checks) == "partly"
-    assert A.verdict(A.filter_checks([r for r in runs if r["seed"] == 0])) == "undecided (too few seeds)"
+    assert V.verdict(checks) == "partly"
+    assert V.verdict(V.filter_checks([r for r in runs if r["seed"] == 0])) == "undecided (too few seeds)"
     sweep = [_run("sokoban", f"p={p}", s, f + 0.02 * s, "top_p")
              for s in range(2) for p, f in (("1.0", 0.1), ("0.98", 0.4), ("0.9", 0.35), ("0.6", 0.2))]
-    assert A.verdict(A.top_p_checks(sweep)) == "reproduced"
+    assert V.verdict(V.top_p_checks(sweep)) == "reproduced"
 
 
 def test_collapse_and_gradient_verdicts():
     def curves(mi, h):
-        return {A.COLLAPSE_MI: [[1, mi[0]], [20, mi[1]]], A.COLLAPSE_ENTROPY: [[1, h[0]], [20, h[1]]]}
+        return {V.COLLAPSE_MI: [[1, mi[0]], [20, mi[1]]], V.COLLAPSE_ENTROPY: [[1, h[0]], [20, h[1]]]}
     runs = [_run("sokoban", "no_filter", s, 0.0, "collapse", curves((0.8, 0.2 + 0.01 * s), (1.0, 1.1))) for s in range(2)]
     runs += [_run("sokoban", "top_p_linear", s, 0.3, "collapse", curves((0.8, 0.7 + 0.01 * s), (1.0, 0.9)))
              for s in range(2)]
-    assert A.verdict(A.collapse_checks(runs)) == "reproduced"
+    assert V.verdict(V.collapse_checks(runs)) == "reproduced"
     probe = {"step": 1, **{f"grad_norm/bucket_{i}/task": float(i) for i in range(1, 7)},
              **{f"grad_norm/bucket_{i}/entropy": 2.0 + 0.01 * (i % 2) for i in range(1, 7)}}
     trend = A.gradient_trend([probe], "task")
     assert trend["rho"] == pytest.approx(1.0) and trend["ratio"] == pytest.approx(6.0)
-    assert A.verdict(A.gradient_checks([probe])) == "reproduced"
-    assert A.gradient_checks([]) == []
+    assert V.verdict(V.gradient_checks([probe])) == "reproduced"
+    assert V.gradient_checks([]) == []
 
 
 # ---------------------------------------------------------------- the report
