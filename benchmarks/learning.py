@@ -44,7 +44,7 @@ def _run(args: list[str], log: Path) -> float:
     return time.time() - start
 
 
-def _finished_summary(log: Path) -> dict | None:
+def finished_summary(log: Path) -> dict | None:
     """The summary JSON a finished ``ragen_jax.main`` train run prints last, or None (not run or cut off):
     finished runs are kept, so an interrupted benchmark resumes where it stopped."""
     if not log.exists():
@@ -98,11 +98,11 @@ def main() -> None:
         runs = []
         for seed in a.seeds:
             run_dir, log = out_dir / f"{env}-seed{seed}", out_dir / f"{env}-seed{seed}.log"
-            finished = _finished_summary(log)
+            finished = finished_summary(log)
             if finished is None:
                 _run([*config, f"--config.seed={seed}", f"--config.run_dir={run_dir}",
                       "--config.trainer.progress=False"], log)
-                finished = _finished_summary(log)
+                finished = finished_summary(log)
             wall = finished["wall_time_s"]
             vals = _validations(run_dir)
             first, last = vals[0], vals[-1]

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import reproduce_analysis as A  # noqa: E402
+from learning import finished_summary  # noqa: E402
 
 TRAIN_STUDIES = ("filter", "top_p", "collapse", "gradients")
 STUDIES = (*TRAIN_STUDIES, "predictors", "all", "report")
@@ -102,20 +103,6 @@ def config_args(spec: RunSpec, quick: bool, extra: list[str]) -> list[str]:
     config = f"tests/configs/small.py:{task}" if quick else f"configs/{task}.py"
     overrides = [*spec.overrides, *(QUICK if quick else ()), *extra, f"seed={spec.seed}", "trainer.progress=False"]
     return [f"--config={config}", *(f"--config.{kv}" for kv in overrides)]
-
-
-def finished_summary(log: Path) -> dict | None:
-    """The summary JSON a finished ``ragen_jax.main`` train run prints last, or None (not run or cut off)."""
-    if not log.exists():
-        return None
-    text = log.read_text(errors="replace")
-    start = text.rfind('{\n  "run_dir"')
-    if start < 0:
-        return None
-    try:
-        return json.loads(text[start:])
-    except json.JSONDecodeError:
-        return None
 
 
 def run_command(args: list[str], log: Path) -> float:

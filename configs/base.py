@@ -231,3 +231,27 @@ def cpu_task_config(env_name: str, *, max_turns: int, max_new_tokens: int, total
     c.validation.episodes = 64
     c.mi.num_samples = 16
     return c
+
+
+def host_task_config(env_name: str, *, env_params: dict, max_turns: int, max_new_tokens: int,
+                     max_user_tokens: int, total_steps: int, algorithm: str) -> ml_collections.ConfigDict:
+    """RAGEN-2's defaults for a host environment (``envs.registry.HOST_REGISTRY``) trained from a real
+    model's weights (``--config.model.hf_path``): RAGEN's prompts, the checkpoint's tokenizer, bfloat16,
+    16 groups x 8 (RAGEN-2's DeepCoder and SearchQA runs). ``env_params`` are the env class's keyword
+    arguments; ``max_user_tokens`` the width of its longest user message in tokens."""
+    c = get_config(algorithm)
+    c.env.name = env_name
+    c.env.prompt_style = "ragen"
+    c.env.max_actions_per_turn = 1
+    c.env.params = ml_collections.ConfigDict(env_params)
+    c.model.tokenizer = "hf"
+    c.model.dtype = "bfloat16"
+    c.init = "random"  # host envs have no supervised warm start: the checkpoint's weights
+    c.rollout.mode = "host"
+    c.rollout.n_groups = 16
+    c.rollout.group_size = 8
+    c.rollout.max_turns = max_turns
+    c.rollout.max_new_tokens = max_new_tokens
+    c.rollout.max_user_tokens = max_user_tokens
+    c.trainer.total_steps = total_steps
+    return c

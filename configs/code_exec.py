@@ -11,30 +11,16 @@ problems by default; a DeepCoder-format .jsonl (``agentica-org/DeepCoder-Preview
 ``datasets``) via ``--config.env.params.data_path=...``.
 """
 
-import ml_collections
-
-from configs.base import get_config as base_config
+from configs.base import host_task_config
 
 
 def get_config(algorithm: str = ""):
-    c = base_config(algorithm or "grpo")
-    c.env.name = "code_exec"
-    c.env.prompt_style = "ragen"
-    c.env.max_actions_per_turn = 1
-    # Keyword arguments of envs.code_exec.CodeExecEnv (through envs.registry.make_host).
-    c.env.params = ml_collections.ConfigDict({"data_path": "", "max_response_tokens": 4000})
-    c.model.tokenizer = "hf"
-    c.model.dtype = "bfloat16"
-    c.init = "random"
-    c.rollout.mode = "host"
-    c.rollout.n_groups = 16
-    c.rollout.group_size = 8
-    c.rollout.max_turns = 1
-    c.rollout.max_new_tokens = 4000
-    # The longest user message in tokens: the shipped problems are <= 430 characters; DeepCoder's own
-    # problem statements run to a few thousand tokens (raise it with data_path).
-    c.rollout.max_user_tokens = 512
+    # Keyword arguments of envs.code_exec.CodeExecEnv (through envs.registry.make_host). The shipped
+    # problems are <= 430 characters; DeepCoder's own statements run to a few thousand tokens (raise
+    # rollout.max_user_tokens with data_path).
+    c = host_task_config("code_exec", env_params={"data_path": "", "max_response_tokens": 4000},
+                         max_turns=1, max_new_tokens=4000, max_user_tokens=512, total_steps=200,
+                         algorithm=algorithm or "grpo")
     c.algorithm.use_kl_loss = False
     c.mi.enabled = False
-    c.trainer.total_steps = 200
     return c

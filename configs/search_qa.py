@@ -12,30 +12,15 @@ your own JSONL files (``questions_path``, ``corpus_path``). A turn after a searc
 ``max_total_chars`` (4000) characters of results: size the host rollout's user-message width for it.
 """
 
-import ml_collections
-
-from configs.base import get_config as base_config
+from configs.base import host_task_config
 
 
 def get_config(algorithm: str = ""):
-    c = base_config(algorithm or "ppo")
-    c.env.name = "search_qa"
-    c.env.prompt_style = "ragen"
-    c.env.max_actions_per_turn = 1
-    # Keyword arguments of envs.search_qa.SearchQAEnv (through envs.registry.make_host).
-    c.env.params = ml_collections.ConfigDict({"questions_path": "", "corpus_path": "", "hotpotqa_path": "",
-                                              "max_steps": 10, "top_k": 5})
-    c.model.tokenizer = "hf"
-    c.model.dtype = "bfloat16"
-    c.init = "random"
-    c.rollout.mode = "host"
-    c.rollout.n_groups = 16
-    c.rollout.group_size = 8
-    c.rollout.max_turns = 5
-    c.rollout.max_new_tokens = 300
-    # The longest user message in tokens: a search result holds 5 passages (up to ~4,000 characters,
-    # about 1,000 BPE tokens) plus the turn text.
-    c.rollout.max_user_tokens = 1280
+    # Keyword arguments of envs.search_qa.SearchQAEnv (through envs.registry.make_host). A search result
+    # holds 5 passages (up to ~4,000 characters, about 1,000 BPE tokens) plus the turn text.
+    c = host_task_config("search_qa", env_params={"questions_path": "", "corpus_path": "", "hotpotqa_path": "",
+                                                  "max_steps": 10, "top_k": 5},
+                         max_turns=5, max_new_tokens=300, max_user_tokens=1280, total_steps=200,
+                         algorithm=algorithm or "ppo")
     c.algorithm.mini_batch_size = 32
-    c.trainer.total_steps = 200
     return c
