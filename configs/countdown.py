@@ -2,7 +2,7 @@
 for the CPU default.
 
 Tiny preset + character tokenizer from the supervised warm start, compact prompts, GRPO, one turn, one
-action of up to 64 tokens, 4 groups x 8 episodes (RAGEN-2: 8 x 16), 30 steps, validation on 256 episodes.
+action of up to 64 tokens, 4 groups x 8 episodes (RAGEN-2: 8 x 16), 50 steps, validation on 256 episodes.
 
 Three differences from RAGEN-2, each measured (README "Learning"):
 - The data: 2-3 numbers from 1-9 and targets 1-20 (``CPU_DATA``) instead of RAGEN's 3-4 numbers from
@@ -28,7 +28,7 @@ def get_config(options: str = ""):
     names = [name for name in options.split(",") if name]
     data = RAGEN_DATA if "ragen" in names else CPU_DATA
     algorithms = [name for name in names if name != "ragen"]
-    c = cpu_task_config("countdown", max_turns=1, max_new_tokens=64 if data is CPU_DATA else 96, total_steps=30,
+    c = cpu_task_config("countdown", max_turns=1, max_new_tokens=64 if data is CPU_DATA else 96, total_steps=50,
                         env_params={"max_actions": 1, **data}, max_actions_per_turn=1)
     for name in algorithms:
         apply_algorithm_preset(c, name)
