@@ -47,6 +47,7 @@ from ragen_jax.rollout.host_envs import TextEnvHost
 from ragen_jax.rollout.host_pool import EnvBatch
 from ragen_jax.rollout.host_stepped import run_host_rollout
 from ragen_jax.rollout.layout import (
+    model_graphdef,
     THINK_CLOSE,
     PromptPieces,
     RolloutConfig,
@@ -118,12 +119,7 @@ class Rollout:
         model_cfg: ModelConfig | None = None,
         host_envs: EnvBatch | None = None,
     ) -> None:
-        if isinstance(model, nnx.Module):
-            model_cfg = model.cfg
-            model, _ = nnx.split(model)
-        if model_cfg is None:
-            raise ValueError("pass model_cfg=ModelConfig(...) when giving a graphdef instead of the model")
-        self.graphdef, self.model_cfg = model, model_cfg
+        self.graphdef, self.model_cfg = model_graphdef(model, model_cfg)
         self.tokenizer, self.env, self.config = tokenizer, env, config
         self.host_envs = host_envs
         self.env_params = env.default_params if env_params is None else env_params

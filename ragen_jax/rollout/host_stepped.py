@@ -37,6 +37,7 @@ from ragen_jax.models.tokenizers import Tokenizer
 from ragen_jax.rollout.host_envs import HostEnv, HostStep
 from ragen_jax.rollout.host_pool import EnvBatch, Failure, InProcessEnvs
 from ragen_jax.rollout.layout import (
+    model_graphdef,
     THINK_CLOSE,
     ChatTemplate,
     PromptPieces,
@@ -335,12 +336,7 @@ class HostRollout:
     def __init__(self, model: nnx.Module | nnx.GraphDef, tokenizer: Tokenizer, make_env: Any, config: RolloutConfig,
                  envs: EnvBatch | None = None, model_cfg: ModelConfig | None = None,
                  layout: SequenceLayout | None = None) -> None:
-        if isinstance(model, nnx.Module):
-            model_cfg = model.cfg
-            model, _ = nnx.split(model)
-        if model_cfg is None:
-            raise ValueError("pass model_cfg=ModelConfig(...) when giving a graphdef instead of the model")
-        self.graphdef, self.model_cfg = model, model_cfg
+        self.graphdef, self.model_cfg = model_graphdef(model, model_cfg)
         self.tokenizer, self.make_env, self.config = tokenizer, make_env, config
         self.envs = InProcessEnvs(make_env) if envs is None else envs
         self.chat = get_chat_template(config.chat_template)

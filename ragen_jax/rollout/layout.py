@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.kv_cache import cache_bytes
 from ragen_jax.models.tokenizers import Tokenizer
 from ragen_jax.sampling.sampler import Sampler, SamplingConfig
@@ -319,3 +320,14 @@ def compact_rows(valid: jax.Array, *arrays: jax.Array) -> tuple[jax.Array, ...]:
     rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, s))
     out = tuple(jnp.zeros_like(a).at[rows, dest].set(a, mode="drop") for a in arrays)
     return (*out, jnp.sum(valid, axis=1, dtype=jnp.int32))
+
+
+def model_graphdef(model: nnx.Module | nnx.GraphDef, model_cfg: ModelConfig | None) -> tuple[nnx.GraphDef, ModelConfig]:
+    """(graphdef, config) of a rollout's model, given as the module itself or as its graphdef + config
+    (the parameters are passed to every run, never kept)."""
+    if isinstance(model, nnx.Module):
+        model_cfg = model.cfg
+        model, _ = nnx.split(model)
+    if model_cfg is None:
+        raise ValueError("pass model_cfg=ModelConfig(...) when giving a graphdef instead of the model")
+    return model, model_cfg
