@@ -1,6 +1,6 @@
 """Sokoban throughput: vmapped on-device turns (render + parse + step_turn) vs a plain-Python env.
 
-Same structure as ``benchmarks/envs.py`` (to be merged there as one more entry): a batch of 1024
+Same structure as ``benchmarks/env_steps.py`` (to be merged there as one more entry): a batch of 1024
 episodes runs all its 5 turns in one jitted program; every turn renders the user-turn tokens, parses
 a response (token ids drawn from a pool of policy-like answers, 2 actions each) and applies it.
 Two device variants: "generate" (the level is generated inside the jitted reset: room random walk

@@ -26,8 +26,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# benchmarks/envs.py would shadow the envs package that the trainer imports
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT / "benchmarks", ROOT)]
+sys.path.insert(0, str(ROOT))
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

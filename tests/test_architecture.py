@@ -239,3 +239,14 @@ def test_the_checks_catch_what_they_should(tmp_path):
     assert [imp.target for imp in imports if not allowed(imp)] == ["ragen_jax.rl.b"]
     assert [(imp.target, imp.line) for imp in imports if imp.in_function and not lazy_allowed(imp)] == [
         ("ragen_jax.rl.c", 4)]
+
+
+def test_no_script_directory_shadows_a_top_level_package():
+    """benchmarks/ and tests/configs/ go onto sys.path (scripts, tests), and spawned worker processes
+    inherit that path: a module there named like a top-level package (``envs``) would replace it."""
+    top_level = {name for name in os.listdir(REPO) if os.path.isdir(os.path.join(REPO, name, ""))
+                 and os.path.exists(os.path.join(REPO, name, "__init__.py"))}
+    assert {"ragen_jax", "envs"} <= top_level
+    for script_dir in ("benchmarks", os.path.join("tests", "configs")):
+        modules = {os.path.splitext(f)[0] for f in os.listdir(os.path.join(REPO, script_dir)) if f.endswith(".py")}
+        assert not modules & top_level, (script_dir, modules & top_level)

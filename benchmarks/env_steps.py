@@ -6,7 +6,7 @@ applies it. The peer runs the same episodes through a plain-Python implementatio
 ``re`` parse, Python step). Reported: turns/s and env actions/s of each, and the ratio.
 
 Add an env with one ``Entry`` in ``ENTRIES`` (a factory for the JAX env, the response pool, and the
-plain-Python peer). Run: ``python benchmarks/envs.py [--batch 1024] [--envs frozen_lake,bandit]``.
+plain-Python peer). Run: ``python benchmarks/env_steps.py [--batch 1024] [--envs frozen_lake,bandit]``.
 Writes ``benchmarks/results/envs.json``.
 """
 
