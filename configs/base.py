@@ -34,6 +34,7 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.sft.noisy_fraction = 0.3  # share of episodes with one random suboptimal turn
     c.sft.steps = 120  # AdamW steps (tiny preset, FrozenLake: about 5 min on 2 CPU cores)
     c.sft.batch_size = 16  # whole episodes per step
+    c.sft.bucket = 256  # batch lengths round up to a multiple of this (one compile per length; a batch is one length)
     c.sft.lr = 1e-3  # peak learning rate (10% warm-up, cosine decay to 10%)
     c.sft.val_episodes = 64  # held-out validation episodes per decoding mode after training (0: skip)
     c.sft.seed = 0  # model init, demo noise and batch order; separate from `seed` so RL seeds share one warm start

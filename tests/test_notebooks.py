@@ -71,7 +71,7 @@ def test_quickstart_runs_and_draws_its_figures(tmp_path, monkeypatch):
     assert _pngs(_cell(nb, "filter_rows = {}"))
     exported = _text(_cell(nb, "api.export("))
     assert "config.json" in exported and "model.safetensors" in exported
-    assert os.path.isfile(tmp_path / "runs" / "bandit" / "metrics.jsonl")
+    assert os.path.isfile(tmp_path / "runs" / "countdown" / "metrics.jsonl")
 
 
 @pytest.mark.slow

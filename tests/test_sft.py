@@ -78,7 +78,7 @@ def test_sft_loss_is_the_response_cross_entropy(episodes):
 
 def test_a_few_steps_lower_the_loss_and_compile_once_per_bucket(episodes):
     model = small_model()
-    settings = sft.SFTSettings(demos=len(episodes), steps=12, batch_size=4, lr=3e-3)
+    settings = sft.SFTSettings(demos=len(episodes), steps=12, batch_size=4, lr=3e-3, bucket=16)
     fixed = sft.DemoBatches(episodes, batch_size=4, pad_id=TOK.pad_id, seed=5).next()
     before = float(sft.sft_loss(model, *map(jnp.asarray, fixed))[0])
     params, metrics = sft.train_on_demos(model, episodes, settings, TOK.pad_id, seed=0, log=None)
@@ -86,6 +86,7 @@ def test_a_few_steps_lower_the_loss_and_compile_once_per_bucket(episodes):
     assert after < before - 0.5, (before, after)
     assert metrics["loss_last"] < metrics["loss_first"]
     assert metrics["compiles"] <= len(metrics["buckets"])
+    assert all(length % 16 == 0 for length in metrics["buckets"])
     # The caller's model is untouched (the step donates a copy).
     assert float(sft.sft_loss(model, *map(jnp.asarray, fixed))[0]) == pytest.approx(before)
 
@@ -94,6 +95,10 @@ def test_bad_settings_raise_clear_errors():
     config = get_config()
     config.sft.steps = 0
     with pytest.raises(ValueError, match="sft.steps"):
+        sft.SFTSettings.from_config(config)
+    config = get_config()
+    config.sft.bucket = 0
+    with pytest.raises(ValueError, match="sft.bucket"):
         sft.SFTSettings.from_config(config)
     config = get_config()
     config.sft.lr = 0.0
@@ -123,7 +128,8 @@ def test_key_covers_the_settings_that_change_the_warm_start(tmp_path):
     key = sft.warm_start_key(base)
     assert key.startswith("frozen_lake-")
     changes = [("sft", "steps", 3), ("sft", "noisy_fraction", 0.5), ("env", "prompt_style", "ragen"),
-               ("model", "preset", "qwen2.5-0.5b"), ("rollout", "max_new_tokens", 128), ("sft", "seed", 1)]
+               ("model", "preset", "qwen2.5-0.5b"), ("rollout", "max_new_tokens", 128), ("sft", "seed", 1),
+               ("sft", "bucket", 64)]
     for group, name, value in changes:
         other = cache_config(tmp_path)
         setattr(other if group is None else other[group], name, value)

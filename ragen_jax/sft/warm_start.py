@@ -14,7 +14,7 @@ the cross-entropy of the response tokens given everything before them:
     loss = - sum_{b,t} mask[b,t] * log p(tokens[b,t] | tokens[b,<t]) / sum_{b,t} mask[b,t]
 
 (mask = the tokens the rollout's loss_mask covers). A batch is drawn from one length bucket (episode
-lengths rounded up to a multiple of ``BUCKET`` tokens), so the jitted step (parameters are arguments)
+lengths rounded up to a multiple of ``sft.bucket`` tokens), so the jitted step (parameters are arguments)
 compiles once per bucket and short episodes do not pay for long ones.
 
 Cache (``build_warm_start``): ``sft.cache_dir/<env>-<hash>/`` where the hash covers everything that
@@ -61,7 +61,7 @@ from ragen_jax.sft.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
 from ragen_jax.train.checkpoint import Checkpointer, one_line
 
 FORMAT_VERSION = 1  # bump when demos or training change in a way the settings do not capture
-BUCKET = 256  # sequence lengths are padded up to a multiple of this many tokens (one compile per length)
+BUCKET = 256  # default sft.bucket: lengths are padded up to a multiple of it (one compile per length)
 LOG_EVERY = 25
 WARMUP_FRACTION = 0.1
 FINAL_LR_FRACTION = 0.1
@@ -84,13 +84,15 @@ class SFTSettings:
     lr: float = 1e-3
     val_episodes: int = DEFAULT_VAL_EPISODES
     seed: int = 0
+    bucket: int = BUCKET
 
     @classmethod
     def from_config(cls, config: Any) -> "SFTSettings":
         s = config.sft
         out = cls(int(s.demos), float(s.noisy_fraction), int(s.steps), int(s.batch_size), float(s.lr),
-                  int(s.get("val_episodes", DEFAULT_VAL_EPISODES)), int(s.get("seed", 0)))
-        for name in ("demos", "steps", "batch_size"):
+                  int(s.get("val_episodes", DEFAULT_VAL_EPISODES)), int(s.get("seed", 0)),
+                  int(s.get("bucket", BUCKET)))
+        for name in ("demos", "steps", "batch_size", "bucket"):
             if getattr(out, name) < 1:
                 raise ValueError(f"sft.{name} must be >= 1, got {getattr(out, name)}")
         if not out.lr > 0:
@@ -227,11 +229,10 @@ def train_on_demos(
     pad_id: int,
     seed: int = 0,
     log: Callable[[str], None] | None = print,
-    bucket: int = BUCKET,
 ) -> tuple[nnx.State, dict[str, Any]]:
     """``settings.steps`` SFT steps on ``episodes`` from ``model``'s weights -> (params, metrics).
 
-    bucket: batch lengths are rounded up to a multiple of it (one compile per distinct length)."""
+    Batch lengths are rounded up to a multiple of ``settings.bucket`` (one compile per distinct length)."""
     longest = max(e.length for e in episodes)
     if longest > model.cfg.max_position_embeddings:
         raise ValueError(
@@ -243,7 +244,7 @@ def train_on_demos(
     tx = make_optimizer(settings.lr, settings.steps)
     opt_state = tx.init(params)
     step = make_train_step(graphdef, tx)
-    batches = DemoBatches(episodes, settings.batch_size, pad_id, seed, bucket)
+    batches = DemoBatches(episodes, settings.batch_size, pad_id, seed, settings.bucket)
     losses, norms, tokens_seen = [], [], 0
     start = time.time()
     for i in range(1, settings.steps + 1):
