@@ -164,16 +164,21 @@ ENTRIES = {
 }
 
 
-def device_episodes(entry: Entry, batch: int, tokenizer: CharTokenizer) -> dict:
-    env, params = make(entry.name)
-    layer = env.text_layer(tokenizer, params)
-    pool = entry.responses(random.Random(0))
+def encode_responses(pool: list[str], tokenizer: CharTokenizer) -> tuple[jax.Array, jax.Array]:
+    """The response pool as token ids: (int32[P, RESPONSE_TOKENS], int32[P] lengths)."""
     tokens = np.zeros((len(pool), RESPONSE_TOKENS), np.int32)
     lengths = np.zeros((len(pool),), np.int32)
     for i, text in enumerate(pool):
         ids = tokenizer.encode(text)[:RESPONSE_TOKENS]
         tokens[i, : len(ids)], lengths[i] = ids, len(ids)
-    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+    return jnp.asarray(tokens), jnp.asarray(lengths)
+
+
+def time_device_episodes(env, params, tokens: jax.Array, lengths: jax.Array, turns: int, batch: int,
+                         tokenizer: CharTokenizer) -> dict:
+    """``batch`` vmapped episodes of ``turns`` turns (render, parse a random pool response, step) in one
+    jitted program; turns/s and actions/s over >= 2 s of repeats, and the first call's compile time."""
+    layer = env.text_layer(tokenizer, params)
 
     def episode(key):
         k_reset, k_turns = jax.random.split(key)
@@ -190,8 +195,8 @@ def device_episodes(entry: Entry, batch: int, tokenizer: CharTokenizer) -> dict:
             checksum = checksum + obs_len + obs[0] + reward
             return (new_state, checksum), info["n_executed"]
 
-        turns = jnp.arange(1, entry.turns + 1)
-        (state, checksum), executed = jax.lax.scan(one_turn, (state, jnp.float32(0)), (turns, jax.random.split(k_turns, entry.turns)))
+        (_, checksum), executed = jax.lax.scan(
+            one_turn, (state, jnp.float32(0)), (jnp.arange(1, turns + 1), jax.random.split(k_turns, turns)))
         return checksum, jnp.sum(executed)
 
     run = jax.jit(jax.vmap(episode))
@@ -206,8 +211,14 @@ def device_episodes(entry: Entry, batch: int, tokenizer: CharTokenizer) -> dict:
         _, executed = jax.block_until_ready(run(keys))
         elapsed += time.perf_counter() - start
         reps, actions = reps + 1, actions + int(executed.sum())
-    return {"turns_per_s": reps * batch * entry.turns / elapsed, "actions_per_s": actions / elapsed,
+    return {"turns_per_s": reps * batch * turns / elapsed, "actions_per_s": actions / elapsed,
             "compile_s": compile_s}
+
+
+def device_episodes(entry: Entry, batch: int, tokenizer: CharTokenizer) -> dict:
+    env, params = make(entry.name)
+    tokens, lengths = encode_responses(entry.responses(random.Random(0)), tokenizer)
+    return time_device_episodes(env, params, tokens, lengths, entry.turns, batch, tokenizer)
 
 
 def python_episodes(entry: Entry, episodes: int) -> dict:

@@ -1,6 +1,6 @@
 """Sokoban throughput: vmapped on-device turns (render + parse + step_turn) vs a plain-Python env.
 
-Same structure as ``benchmarks/env_steps.py`` (to be merged there as one more entry): a batch of 1024
+The structure of ``benchmarks/env_steps.py`` (whose episode loop and parser it uses): a batch of 1024
 episodes runs all its 5 turns in one jitted program; every turn renders the user-turn tokens, parses
 a response (token ids drawn from a pool of policy-like answers, 2 actions each) and applies it.
 Two device variants: "generate" (the level is generated inside the jitted reset: room random walk
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -28,34 +27,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.env_steps import encode_responses, python_parse, python_turn_text, time_device_episodes  # noqa: E402
 from envs.sokoban import SokobanEnv  # noqa: E402
 from envs.sokoban_generator import make_level_pool  # noqa: E402
 from ragen_jax.models.tokenizers import CharTokenizer  # noqa: E402
 
 TURNS = 5
 MAX_ACTIONS = 10
-RESPONSE_TOKENS = 96
-PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-SPECIALS = ["<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>"]
-
-
-def python_parse(response: str, max_actions: int = 2) -> tuple[bool, list[str]]:
-    match = PATTERN.search("<think>" + response)
-    if not match:
-        return False, []
-    answer = match.group(2)
-    for special in SPECIALS:
-        answer = answer.replace(special, "").strip()
-    return True, [a.strip() for a in answer.split("||") if a.strip()][:max_actions]
-
-
-def python_turn_text(obs: str, turn: int, left: int) -> str:
-    return (f"\nTurn {turn}:\nState:\n{obs}\nYou have {left} actions left. Always output: <think> [Your thoughts] "
-            "</think> <answer> [your answer] </answer> with no extra text. Strictly follow this format. "
-            "Max response length: 120 words (tokens).\n")
 
 
 class PySokoban:
@@ -131,56 +111,9 @@ def sokoban_responses(rng: random.Random) -> list[str]:
             for _ in range(64)]
 
 
-def _response_pool(tokenizer: CharTokenizer) -> tuple[jax.Array, jax.Array]:
-    pool = sokoban_responses(random.Random(0))
-    tokens = np.zeros((len(pool), RESPONSE_TOKENS), np.int32)
-    lengths = np.zeros((len(pool),), np.int32)
-    for i, text in enumerate(pool):
-        ids = tokenizer.encode(text)[:RESPONSE_TOKENS]
-        tokens[i, : len(ids)], lengths[i] = ids, len(ids)
-    return jnp.asarray(tokens), jnp.asarray(lengths)
-
-
 def device_episodes(params, batch: int, tokenizer: CharTokenizer) -> dict:
-    env = SokobanEnv()
-    layer = env.text_layer(tokenizer, params)
-    tokens, lengths = _response_pool(tokenizer)
-
-    def episode(key):
-        k_reset, k_turns = jax.random.split(key)
-        _, state = env.reset_env(k_reset, params)
-
-        def one_turn(carry, inputs):
-            state, checksum = carry
-            turn, k = inputs
-            k_pick, k_step = jax.random.split(k)
-            obs, obs_len = layer.render_turn(state, turn)
-            pick = jax.random.randint(k_pick, (), 0, tokens.shape[0])
-            parsed = layer.parse(tokens[pick], lengths[pick], state)
-            new_state, reward, done, info = layer.step_turn(k_step, state, parsed)
-            checksum = checksum + obs_len + obs[0] + reward
-            return (new_state, checksum), info["n_executed"]
-
-        turns = jnp.arange(1, TURNS + 1)
-        (_, checksum), executed = jax.lax.scan(
-            one_turn, (state, jnp.float32(0)), (turns, jax.random.split(k_turns, TURNS))
-        )
-        return checksum, jnp.sum(executed)
-
-    run = jax.jit(jax.vmap(episode))
-    keys = jax.random.split(jax.random.PRNGKey(0), batch)
-    start = time.perf_counter()
-    jax.block_until_ready(run(keys))
-    compile_s = time.perf_counter() - start
-    reps, elapsed, actions = 0, 0.0, 0
-    while elapsed < 2.0 or reps < 3:
-        keys = jax.random.split(jax.random.PRNGKey(reps + 1), batch)
-        start = time.perf_counter()
-        _, executed = jax.block_until_ready(run(keys))
-        elapsed += time.perf_counter() - start
-        reps, actions = reps + 1, actions + int(executed.sum())
-    return {"turns_per_s": reps * batch * TURNS / elapsed, "actions_per_s": actions / elapsed,
-            "compile_s": compile_s}
+    tokens, lengths = encode_responses(sokoban_responses(random.Random(0)), tokenizer)
+    return time_device_episodes(SokobanEnv(), params, tokens, lengths, TURNS, batch, tokenizer)
 
 
 def python_episodes(levels, episodes: int) -> dict:

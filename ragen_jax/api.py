@@ -12,7 +12,10 @@
 
 ``python -m ragen_jax.main`` is this module behind flags: the same checks, the same run directory, the
 same files written. Every function raises ``ConfigError`` (a one-line message) for a config it cannot
-use, before it builds anything.
+use, before it builds anything. Every function that compiles turns on the config's persistent
+compilation cache (``compile_cache.*``, on by default) as the command line does, so a notebook's second
+run of the same shapes (the filter comparison after the main run, a policy loaded after training, the
+same cell run again) loads its programs instead of compiling them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from ragen_jax.setup import runtime
 from ragen_jax.setup.config_check import ConfigError, check_config, run_dir_of
 from ragen_jax.setup.config_file import load_config_file
 
@@ -80,6 +84,7 @@ def train(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None
     from ragen_jax.parallel import distributed
     from ragen_jax.train.loop import train as train_run
 
+    runtime.use_compilation_cache(config)
     distributed.maybe_initialize(config)
     return train_run(config, run_dir_of(config), on_step=on_step)
 
@@ -88,6 +93,7 @@ def evaluate(config: ml_collections.ConfigDict) -> dict[str, float]:
     """The validation metrics (``val/*``) of the run's newest checkpoint, or of the initial policy."""
     from ragen_jax.train.loop import evaluate as evaluate_run
 
+    runtime.use_compilation_cache(config)
     return evaluate_run(config, run_dir_of(config))
 
 
@@ -96,6 +102,7 @@ def warm_start(config: ml_collections.ConfigDict) -> tuple[str, dict]:
     returns (its directory, its metrics: validation success, final loss, ...)."""
     from ragen_jax.sft.warm_start import build_warm_start, read_metrics
 
+    runtime.use_compilation_cache(config)
     path = build_warm_start(config)
     return path, {k: v for k, v in read_metrics(path).items() if k != "loss_curve"}
 
@@ -119,6 +126,7 @@ def load_policy(config: ml_collections.ConfigDict) -> Policy:
     """The policy of the run's newest checkpoint that restores (step 0, the initial policy, when none)."""
     from ragen_jax.train.loop import load_run
 
+    runtime.use_compilation_cache(config)
     run, state, step = load_run(config, run_dir_of(config))
     return Policy(run, state, step)
 

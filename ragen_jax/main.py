@@ -117,7 +117,6 @@ def _main(argv: list[str]) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    runtime.use_compilation_cache(config)
     from ragen_jax.parallel import distributed
 
     distributed.maybe_initialize(config)
@@ -156,4 +155,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     runtime.use_tcmalloc()  # re-executes this command once with tcmalloc preloaded, when installed
+    runtime.keep_freed_memory()  # without tcmalloc: glibc keeps freed blocks (before JAX starts)
     main()

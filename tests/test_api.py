@@ -1,11 +1,14 @@
 """The Python API (ragen_jax/api.py): the README's "Use from Python" block runs as written (on a
-test-sized config), and load_config refuses bad input in one line."""
+test-sized config), load_config refuses bad input in one line, and the API turns on the config's
+compilation cache."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -80,3 +83,20 @@ def test_load_config_refuses_bad_input_in_one_line(task, overrides, preset, word
     with pytest.raises(ConfigError) as e:
         api.load_config(task, overrides, preset=preset)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_api_writes_the_configs_compilation_cache(tmp_path):
+    """A notebook calls the API, not the CLI: load_policy + a rollout in a fresh interpreter (no
+    $JAX_COMPILATION_CACHE_DIR) write their programs to the config's compile_cache.dir."""
+    cache = tmp_path / "cache"
+    script = f"""
+from ragen_jax import api
+config = api.load_config({SMALL!r}, {{"compile_cache.dir": {str(cache)!r}, "compile_cache.min_compile_time_secs": 0.0,
+                                      "run_dir": {str(tmp_path / 'run')!r}}})
+api.sample_conversations(api.load_policy(config), n=1)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert cache.is_dir() and len(os.listdir(cache)) > 0

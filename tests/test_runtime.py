@@ -13,7 +13,7 @@ import pytest
 
 from ragen_jax.setup.config_check import ConfigError, _check_compile_cache
 from ragen_jax.setup.runtime import (REEXECUTED_ENV, TCMALLOC_ENV, compilation_cache_dir, find_tcmalloc,
-                                     tcmalloc_reexec_environ)
+                                     keep_freed_memory, tcmalloc_reexec_environ)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIB = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
@@ -124,3 +124,52 @@ def test_config_check_refuses_bad_compile_cache_values(tmp_path):
         with pytest.raises(ConfigError, match="compile_cache"):
             _check_compile_cache(bad)
     _check_compile_cache(_cache_config(enabled=False, directory=str(tmp_path / "f")))  # off: the dir is unused
+
+
+def test_keep_freed_memory_leaves_tcmalloc_and_the_off_switch_alone():
+    assert not keep_freed_memory({"LD_PRELOAD": LIB})
+    assert not keep_freed_memory({TCMALLOC_ENV: "0"})
+
+
+_FAULTS_SCRIPT = """
+import json, resource, sys, threading
+import numpy as np
+# threads that allocated before JAX starts and stay alive hold arenas of their own (a notebook kernel's)
+ready, done = threading.Barrier(4), threading.Event()
+def hold():
+    np.ones(1 << 16)
+    ready.wait()
+    done.wait()
+threads = [threading.Thread(target=hold, daemon=True) for _ in range(3)]
+[t.start() for t in threads]
+ready.wait()
+from ragen_jax.setup import runtime
+applied = runtime.keep_freed_memory()
+import jax, jax.numpy as jnp
+x = jnp.ones((4096, 256), jnp.float32)
+step = jax.jit(lambda x: (jnp.tanh(x @ x.T) @ x).sum(axis=0))  # a 64 MB [4096, 4096] temporary per call
+step(x).block_until_ready()
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    step(x).block_until_ready()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"applied": applied, "faults": faults, "again": runtime.keep_freed_memory(),
+                  "async_dispatch": jax.config.read("jax_cpu_enable_async_dispatch")}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64", reason="glibc on Linux")
+def test_keep_freed_memory_reuses_the_temporary_buffer_instead_of_faulting_it_in():
+    """In a fresh interpreter with threads that hold arenas of their own: set before JAX starts, a
+    program's 64 MB temporary (16,384 pages) is reused from the heap on later calls, so a call faults in
+    far fewer pages than the buffer has (with glibc's defaults every call faults all of them in); once
+    JAX has started, the call does nothing (False)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.pop(TCMALLOC_ENV, None)
+    proc = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["applied"] is True and out["again"] is False and out["async_dispatch"] is False
+    assert max(out["faults"]) < 16384 // 4, out["faults"]
