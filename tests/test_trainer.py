@@ -121,6 +121,25 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_sigterm_while_a_step_is_recorded_still_ends_with_the_promised_checkpoint(tmp_path):
+    """The signal lands after the step decided not to checkpoint (on_step runs while the step's metrics
+    row is written): the run goes on to the next step, checkpoints it and stops there."""
+    config = small_config("frozen_lake")
+    config.trainer.total_steps, config.trainer.checkpoint_every, config.validation.every = 5, 100, 0
+    config.mi.enabled = False
+
+    def on_step(step, metrics):
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    summary = train(config, str(tmp_path), on_step=on_step)
+    assert summary["stop_reason"] == "preempted"
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2]
+    assert _finished_checkpoints(str(tmp_path)) == [2]
+    assert signal.getsignal(signal.SIGTERM) == handler  # the guard put the previous handler back
+
+
 @pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_zero(tmp_path):
     run_dir = str(tmp_path / "run")

@@ -279,9 +279,10 @@ def step_checks(run: Run, state: TrainState, step: int, metrics: dict, early: Ea
 
 
 def checkpoint_or_stop(step: int, state: TrainState, stop_reason: str, scale, growth: float,
-                       gate: CheckpointGate, early: EarlyStop, guard: PreemptionGuard, say) -> str:
+                       gate: CheckpointGate, early: EarlyStop, preempted: bool, say) -> str:
     """On a step that checkpoints (``scale`` not None): refuse an exploded state, else save. Returns the
-    final stop reason ("" to go on) and says why the run stops."""
+    final stop reason ("" to go on) and says why the run stops. ``preempted``: the SIGTERM flag as read
+    when the step decided to checkpoint (a signal that comes later is the next step's)."""
     if scale is not None and growth > gate.max_growth:
         say(gate.explosion_message(step, growth))
         return "parameter_explosion"
@@ -293,7 +294,7 @@ def checkpoint_or_stop(step: int, state: TrainState, stop_reason: str, scale, gr
             + (f"; the last good checkpoint is step {good}" if stop_reason == "nonfinite_updates"
                and good is not None else ""))
         return stop_reason
-    if guard.requested:
+    if preempted:
         say(f"SIGTERM: checkpoint written at step {step}; exiting")
         return "preempted"
     return ""
@@ -335,13 +336,16 @@ def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = No
             state, metrics, traj = training_step(run, state, step, base_key)
             stop_reason = step_checks(run, state, step, metrics, early, gate)
             recorder.samples(step, traj, run.tokenizer)
-            due = stop_reason or step == config.trainer.total_steps or guard.requested or (
+            # Read the flag once: a SIGTERM between deciding not to save and stopping would end the run
+            # without the checkpoint the message promises.
+            preempted = guard.requested
+            due = stop_reason or step == config.trainer.total_steps or preempted or (
                 step % config.trainer.checkpoint_every == 0)
             scale, growth = gate.growth(state) if due else (None, np.nan)
             if due:
                 metrics["checkpoint/param_growth"] = growth
             last = recorder.record(step, metrics)
-            stop_reason = checkpoint_or_stop(step, state, stop_reason, scale, growth, gate, early, guard,
+            stop_reason = checkpoint_or_stop(step, state, stop_reason, scale, growth, gate, early, preempted,
                                              recorder.say)
             if stop_reason:
                 break
