@@ -4,25 +4,28 @@ A task config's update step (``train.loop.build_run``: the tiny preset, the conf
 micro-batch sizes, its estimator) runs on one batch of synthetic episodes, right-padded to the rollout's
 static width (``Rollout.layout.cache_len``) as a rollout leaves them, with row lengths drawn uniformly from
 ``--lengths LO HI`` (default 700..1000: FrozenLake's warm-started rollouts hold 874 valid tokens per row on
-average, the longest row ~1,000). Three update steps, same batch, same parameters:
-  static        ``algorithm.width_buckets=1 algorithm.remat=False``: the program runs over every slot of
-                the static width and keeps every block's activations for the backward pass
-  bucket        ``width_buckets=8`` (the default), remat off: rows cropped to the longest row rounded up
-                to a bucket width
-  bucket+remat  the defaults: also recompute each block in the backward pass (``algorithm.remat``)
+average, the longest row ~1,000). Update steps on the same batch and parameters (``--variants``, default all):
+  static         ``algorithm.width_buckets=1``, ``attention_block=0``: the program runs over every slot of
+                 the static width and keeps every block's [B, H, T, T] attention scores for the backward pass
+  bucket         ``width_buckets=8`` (the default), ``attention_block=0``: rows cropped to the longest row
+                 rounded up to a bucket width, attention scores still materialised
+  bucket+blocks  the defaults: also blockwise causal attention (``models/attention.causal_attention``)
+  +remat         the defaults and ``algorithm.remat``: each block recomputed in the backward pass
 For each: from the compiled program (``jax.jit(...).lower(...).compile()``), XLA's temp memory
-(``memory_analysis().temp_size_in_bytes``), ``cost_analysis()`` FLOPs and bytes accessed; then the
-median wall time of ``--repeats`` calls, the sides alternating. Ratios static / each. Writes
+(``memory_analysis().temp_size_in_bytes``), ``cost_analysis()`` FLOPs and bytes accessed (XLA counts a
+while loop's body once: they are one micro-batch's, and for the blockwise variants leave out all but one
+attention block); then
+the median wall time of ``--repeats`` calls, the sides alternating. Ratios first variant / each. Writes
 benchmarks/results/update_width_<env>.json.
 
     .venv/bin/python benchmarks/update_width.py                                  # FrozenLake default
     .venv/bin/python benchmarks/update_width.py --config configs/sokoban.py
+    .venv/bin/python benchmarks/update_width.py --variants bucket bucket+blocks   # without the slow static side
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -41,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from ragen_jax import api  # noqa: E402
 from ragen_jax.rollout.trajectories import finalize  # noqa: E402
 from ragen_jax.rl.state import TrainState  # noqa: E402
-from ragen_jax.rl.update import make_update_step, update_width  # noqa: E402
+from ragen_jax.rl.update import update_width  # noqa: E402
 from ragen_jax.train.loop import build_run  # noqa: E402
 
 
@@ -77,6 +80,24 @@ def synthetic_batch(rows: int, width: int, turns: int, lengths: np.ndarray, voca
     )
 
 
+VARIANTS = {  # config overrides of each side; "attention_block" goes to model.overrides (a ModelConfig field)
+    "static": {"algorithm.width_buckets": 1, "attention_block": 0},
+    "bucket": {"attention_block": 0},
+    "bucket+blocks": {},
+    "+remat": {"algorithm.remat": True},
+}
+
+
+def variant_config(name: str, preset: str, label: str):
+    settings = dict(VARIANTS[label])
+    block = settings.pop("attention_block", None)
+    config = api.load_config(name, {"init": "random", "mi.enabled": False, **settings}, preset=preset or None)
+    if block is not None:
+        with config.unlocked():
+            config.model.overrides.attention_block = block
+    return config
+
+
 def compiled_facts(step, state: TrainState, traj, key) -> dict:
     """Temp memory, FLOPs and bytes accessed of the program the step runs for ``traj``."""
     cropped = step.fit_width(traj)
@@ -94,11 +115,15 @@ def main() -> None:
     parser.add_argument("--config", default="frozen_lake", help="a task name or configs/*.py file (file.py:preset)")
     parser.add_argument("--lengths", nargs=2, type=int, default=(700, 1000), metavar=("LO", "HI"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     name, _, preset = args.config.partition(":")
-    config = api.load_config(name, {"init": "random", "mi.enabled": False}, preset=preset or None)
-    run, state = build_run(config)
+    runs = {}
+    for label in args.variants:
+        config = variant_config(name, preset, label)
+        runs[label] = build_run(config)
+    run, state = runs[args.variants[0]]
     width = run.rollout.layout.cache_len
     rows = run.rollout_cfg.batch
     lo, hi = args.lengths
@@ -107,10 +132,7 @@ def main() -> None:
     lengths = np.random.default_rng(0).integers(lo, hi + 1, rows)
     traj = synthetic_batch(rows, width, run.rollout_cfg.max_turns, lengths, run.tokenizer.vocab_size, 0)
     cfg = run.update_step.config
-    variants = {"static": dataclasses.replace(cfg, width_buckets=1, remat=False),
-                "bucket": dataclasses.replace(cfg, remat=False), "bucket+remat": cfg}
-    steps = {label: make_update_step(run.actor_graphdef, run.critic_graphdef, c, run.actor_tx, run.critic_tx)
-             for label, c in variants.items()}
+    steps = {label: r.update_step for label, (r, _) in runs.items()}
     key = jax.random.key(0)
     copy = lambda tree: jax.tree.map(lambda x: jnp.array(x, copy=True), tree)  # noqa: E731
     facts = {label: compiled_facts(step, state, traj, key) for label, step in steps.items()}
@@ -125,21 +147,23 @@ def main() -> None:
     for label in steps:
         facts[label]["steady_s"] = statistics.median(times[label])
         facts[label]["runs_s"] = times[label]
-    s = facts["static"]
+    first = args.variants[0]
+    s = facts[first]
     ratios = {label: {k: s[k] / f[k] for k in ("temp_bytes", "flops", "bytes_accessed", "steady_s") if f[k]}
-              for label, f in facts.items() if label != "static"}
+              for label, f in facts.items() if label != first}
     print(f"{config.env.name}: {rows} rows, static width {width}, row lengths {lo}..{hi} "
           f"(longest {int(lengths.max())}), bucket width "
           f"{update_width(int(lengths.max()), width, cfg.width_buckets)}")
-    print(f"| {'':12} | width | temp GB | GFLOP | GB accessed | s/update | static / this |")
+    print(f"| {'':13} | width | temp GB | GFLOP | GB accessed | s/update | {first} / this |")
     print("|---|---|---|---|---|---|---|")
     for label, f in facts.items():
-        ratio = "" if label == "static" else f"{ratios[label]['steady_s']:.2f}x"
-        print(f"| {label:12} | {f['width']} | {f['temp_bytes'] / 1e9:.2f} | {f['flops'] / 1e9:.0f} | "
+        ratio = "" if label == first else f"{ratios[label]['steady_s']:.2f}x"
+        print(f"| {label:13} | {f['width']} | {f['temp_bytes'] / 1e9:.2f} | {f['flops'] / 1e9:.0f} | "
               f"{f['bytes_accessed'] / 1e9:.1f} | {f['steady_s']:.2f} | {ratio} |")
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"update_width_{config.env.name}.json")
     out.write_text(json.dumps({
         "benchmark": "update_width", "config": args.config, "rows": rows, "static_width": width,
+        "variant_settings": {label: VARIANTS[label] for label in args.variants},
         "lengths": [lo, hi], "longest": int(lengths.max()), "valid_tokens": int(lengths.sum()),
         "mini_batch_size": cfg.mini_batch_size, "micro_batch_size": cfg.micro_batch_size,
         "adv_estimator": cfg.adv_estimator, "variants": facts, "ratios_static_over": ratios,

@@ -137,8 +137,9 @@ def _compact(tokens, valid):
 @pytest.fixture(scope="module")
 def sampling_sampler(model_parts):
     graphdef, _ = model_parts
+    # prefill_chunk=4: the prompt is appended in 4 chunks, the observation in the 2 that hold tokens.
     return Sampler(graphdef, SamplingConfig(
-        max_new_tokens=N, eos_ids=EOS_IDS, kv_block=8, decode_segment=4, return_logits=True))
+        max_new_tokens=N, eos_ids=EOS_IDS, kv_block=8, decode_segment=4, prefill_chunk=4, return_logits=True))
 
 
 def _run_conversation(sampler, params, cfg, prompt_seed, obs_seed, keys, temperature, active1):
@@ -239,20 +240,49 @@ def test_sampler_logprobs_equal_trainer_logprobs(conversation, trainer_logprobs,
 
 
 def test_cache_bookkeeping_after_two_turns(conversation, cfg):
-    """end advances by exactly T per append and N per generate; holes are invalid slots; RoPE
-    positions count only valid tokens."""
+    """The static bound advances by T per append and N per generate. In the cache, the second append
+    first moved each row's turn-1 tokens to its front (the early stops' and the inactive row's holes
+    are gone), then wrote the observation's columns up to the last one any row fills, then one slot per
+    decode step some row emitted in; every other slot is invalid. RoPE positions count only valid tokens."""
     state, valid = conversation["state"], conversation["valid"]
-    filled = PROMPT_LEN + N + OBS_LEN + N
-    assert state.end == filled and int(state.cache.end) == filled
-    slot_valid = np.asarray(state.cache.slot_valid)
-    np.testing.assert_array_equal(slot_valid[:, :filled], valid)
-    assert not slot_valid[:, filled:].any()
+    assert state.end == PROMPT_LEN + N + OBS_LEN + N
+    (_, p_val), (_, o_val) = conversation["prompt"], conversation["obs"]
+    out1, out2 = conversation["out1"], conversation["out2"]
+    turn1 = p_val.sum(axis=1) + np.asarray(out1.lengths)
+    obs_used = int(np.max(np.nonzero(o_val.any(axis=0))[0])) + 1
+    steps2 = int(np.asarray(out2.lengths).max())
+    expected = np.zeros((4, state.max_len), bool)
+    for b in range(4):
+        row = np.concatenate([np.arange(turn1.max()) < turn1[b], o_val[b, :obs_used],
+                              np.asarray(out2.valid)[b, :steps2]])
+        expected[b, :row.size] = row
+    assert int(state.cache.end) == turn1.max() + obs_used + steps2 < state.end
+    np.testing.assert_array_equal(np.asarray(state.cache.slot_valid), expected)
     np.testing.assert_array_equal(np.asarray(state.cache.next_pos), valid.sum(axis=1))
     out1 = conversation["out1"]
     np.testing.assert_array_equal(np.asarray(out1.tokens)[~np.asarray(out1.valid)], 0)
     lengths = np.asarray(out1.lengths)
     for b in range(4):  # valid is a prefix of each row
         np.testing.assert_array_equal(np.asarray(out1.valid)[b], np.arange(N) < lengths[b])
+
+
+def test_a_chunked_append_fills_the_cache_as_one_block_does(model_parts, cfg):
+    """prefill_chunk runs the model over 4 columns at a time and stops after the last filled column:
+    same slots, positions and end as one block, logits within float32 rounding of it."""
+    graphdef, params = model_parts
+    tokens, valid = _prompts(3)
+    tokens, valid = np.pad(tokens, ((0, 0), (0, 7))), np.pad(valid, ((0, 0), (0, 7)))  # padding-only tail
+    states = {}
+    for chunk in (0, 4):
+        sampler = Sampler(graphdef, SamplingConfig(max_new_tokens=N, kv_block=8, prefill_chunk=chunk))
+        states[chunk] = sampler.append(params, init_sampler_state(cfg, 4, MAX_LEN), tokens, valid)
+    whole, chunked = states[0], states[4]
+    assert int(whole.cache.end) == int(chunked.cache.end) == PROMPT_LEN
+    for name in ("slot_valid", "next_pos"):
+        np.testing.assert_array_equal(np.asarray(getattr(chunked.cache, name)), np.asarray(getattr(whole.cache, name)))
+    want = np.asarray(whole.last_logits)
+    tol = logit_tolerance(want, max(cfg.intermediate_size, cfg.hidden_size, MAX_LEN), depth=2 * cfg.num_layers + 1)
+    assert np.all(np.max(np.abs(np.asarray(chunked.last_logits) - want), axis=-1) <= tol)
 
 
 def test_same_bucket_new_prompts_temperature_and_weights_do_not_retrace(

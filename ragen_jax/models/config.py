@@ -47,6 +47,10 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     architecture: str = "qwen2"  # "qwen2" or "llama": what HF export writes as model_type
+    # Tokens per query/key block of a sequence attending to itself (update, warm start, scoring):
+    # ragen_jax.models.attention.causal_attention, whose memory grows with T instead of T^2.
+    # 0 materialises the [B, H, T, T] scores instead (masked_attention).
+    attention_block: int = 128
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -56,6 +60,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 raise ValueError(f"{name} must be 'float32' or 'bfloat16', got {getattr(self, name)!r}")
+        if self.attention_block < 0:
+            raise ValueError(f"attention_block must be >= 0 (0: unblocked), got {self.attention_block}")
         if self.architecture not in ("qwen2", "llama"):
             raise ValueError(f"architecture must be 'qwen2' or 'llama', got {self.architecture!r}")
 

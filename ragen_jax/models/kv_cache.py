@@ -9,7 +9,10 @@ Layout (chosen for CPU and accelerator speed: decode reads keys/values contiguou
 
 Every call that appends T tokens writes slots [end, end + T) of all rows; rows whose new tokens are
 padding get invalid slots there, so their RoPE positions stay contiguous (padding never shifts
-positions) and attention skips the holes. Memory: 2 * num_layers * B * num_kv_heads * S * head_dim
+positions) and attention skips the holes. ``end`` then advances past the last of those columns that
+any row filled (columns of padding only take no slot), and ``compact`` moves each row's tokens to
+its front, so holes do not accumulate; attention walks key blocks up to ``end`` only
+(``models.attention.prefix_attention``). Memory: 2 * num_layers * B * num_kv_heads * S * head_dim
 elements of the compute dtype, plus B * S booleans. The caller sizes S to the whole conversation and
 must not append past it (``append`` raises on the host when it can tell; inside jit it is the caller's
 static bookkeeping).
@@ -17,8 +20,8 @@ static bookkeeping).
 A decode loop works on a ``KVWindow`` instead: the first W slots of every layer as a buffer of its own
 ([B, num_kv_heads, W, head_dim] per layer), attended whole. XLA cannot hand a slice of a buffer to a
 matmul without copying it, so attending to layer i's filled slots straight out of the stacked cache
-costs a copy of them per layer and step; a window's buffers go to the matmul as they are, and each
-step's append updates them in place. ``open_window`` copies the attended slots out once per
+costs a copy of them per layer and step; a window's buffers go to the attention as they are, and each
+step's append updates them in place (the attention slices one key block at a time out of them). ``open_window`` copies the attended slots out once per
 ``generate``, ``widen_window`` grows the window between decode segments, and ``close_window`` writes
 back only the slots the loop appended. While a loop runs the window sits beside the cache: up to
 another ``cache_bytes`` (the attended slots only), on top of the one copy of each slot per ``generate``.
@@ -60,6 +63,24 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
         slot_valid=jnp.zeros((batch, max_len), bool),
         end=jnp.zeros((), jnp.int32),
         next_pos=jnp.zeros((batch,), jnp.int32),
+    )
+
+
+def compact(cache: KVCache) -> KVCache:
+    """``cache`` with each row's valid slots moved to its front, in their order, and ``end`` at the
+    longest row's count: the holes that padding and early-stopped rows left are gone, so what comes
+    next is written, and attended, over the real tokens only. Attention is unchanged (keys carry their
+    RoPE positions, and their order, hence the causal mask, is kept)."""
+    order = jnp.argsort(~cache.slot_valid, axis=1, stable=True)  # [B, S]
+    count = jnp.sum(cache.slot_valid, axis=1, dtype=jnp.int32)
+
+    def take(x):  # [layers, B, heads, S, head_dim]
+        return jnp.take_along_axis(x, order[None, :, None, :, None], axis=3)
+
+    return cache.replace(
+        k=take(cache.k), v=take(cache.v),
+        slot_valid=jnp.arange(cache.max_len)[None, :] < count[:, None],
+        end=jnp.max(count),
     )
 
 

@@ -15,7 +15,8 @@ cache for row b) + (number of valid tokens before t), so padding never shifts po
 left-padded prompt gets the same logits as the unpadded one.
 
 Block: x + Attn(RMSNorm(x)), then h + SwiGLU(RMSNorm(h)).
-Attention: grouped-query, q/k/v bias when ``cfg.qkv_bias`` (Qwen2), softmax in float32.
+Attention: grouped-query, q/k/v bias when ``cfg.qkv_bias`` (Qwen2), softmax in float32; a sequence
+attending to itself does so in blocks of ``cfg.attention_block`` tokens (``models/attention.py``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ragen_jax.models.attention import causal_attention, masked_attention, prefix_attention
 from ragen_jax.models.config import ModelConfig, RopeScaling
 from ragen_jax.models.kv_cache import KVCache, KVWindow, close_window, open_window
-
-# Large negative instead of -inf so that a query with no visible key (padding) gives a finite,
-# uniform softmax rather than NaN.
-_MASKED = -1e30
-
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     """inv_freq_i = theta^(-2i/d) for i < d/2, with Llama-3 scaling when configured.  f32[head_dim/2]"""
@@ -100,27 +97,22 @@ class Attention(nnx.Module):
         self.v_proj = _linear(cfg, d, kv * hd, cfg.qkv_bias, rngs)
         self.o_proj = _linear(cfg, h * hd, d, False, rngs)
 
-    def __call__(self, x, positions, inv_freq, keys_fn):
-        """x: [B, T, d]; positions: int32[B, T]; keys_fn(k_new, v_new) -> (k, v, mask).
+    def __call__(self, x, positions, inv_freq, attend):
+        """x: [B, T, d]; positions: int32[B, T]; attend(q, k_new, v_new) -> out.
 
-        k_new/v_new: [B, Hkv, T, D]; k/v: [B, Hkv, S, D]; mask: bool[B, T, S] (query t sees key s).
+        q: [B, Hkv, G, T, D] (query heads grouped by the key/value head they share); k_new/v_new:
+        [B, Hkv, T, D], this call's keys (RoPE applied) and values; out: [B, Hkv, G, T, D]. ``attend``
+        decides which keys the queries see: this sequence's own (causal) or a cache's slots.
         """
         cfg = self.cfg
         b, t, _ = x.shape
+        groups = cfg.num_heads // cfg.num_kv_heads
         q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
         k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)
-        q = apply_rope(q, positions, inv_freq)
+        q = apply_rope(q, positions, inv_freq).reshape(b, cfg.num_kv_heads, groups, t, cfg.head_dim)
         k = apply_rope(k, positions, inv_freq)
-        k, v, mask = keys_fn(k, v)
-
-        groups = cfg.num_heads // cfg.num_kv_heads
-        q = q.reshape(b, cfg.num_kv_heads, groups, t, cfg.head_dim)
-        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
-        scores = scores / math.sqrt(cfg.head_dim)
-        scores = jnp.where(mask[:, None, None], scores, _MASKED)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+        out = attend(q, k, v)
         out = out.reshape(b, cfg.num_heads, t, cfg.head_dim).transpose(0, 2, 1, 3)
         return self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim))
 
@@ -144,8 +136,8 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.weight_dtype)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, positions, inv_freq, keys_fn):
-        x = x + self.attn(self.input_norm(x), positions, inv_freq, keys_fn)
+    def __call__(self, x, positions, inv_freq, attend):
+        x = x + self.attn(self.input_norm(x), positions, inv_freq, attend)
         return x + self.mlp(self.post_attn_norm(x))
 
 
@@ -198,12 +190,10 @@ class Transformer(nnx.Module):
         x = self.embed(tokens)
 
         if cache is None:
-            t = tokens.shape[1]
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            mask = causal[None] & valid[:, None, :]
+            attend = self._self_attend(valid)
 
             def block(layer, x):
-                return layer(x, positions, inv_freq, lambda k, v: (k, v, mask))
+                return layer(x, positions, inv_freq, attend)
 
             if remat:
                 # Without it the backward pass keeps every layer's float32 attention scores and
@@ -220,6 +210,15 @@ class Transformer(nnx.Module):
             return hidden, new_cache
         return self.lm_logits(hidden), new_cache
 
+    def _self_attend(self, valid):
+        """attend(q, k, v) of a sequence to itself: causal, padding keys skipped."""
+        block = self.cfg.attention_block
+        if block:
+            return lambda q, k, v: causal_attention(q, k, v, valid, block)
+        t = valid.shape[1]
+        mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+        return lambda q, k, v: masked_attention(q, k, v, mask)
+
     def _cached_layers(self, x, positions, inv_freq, valid, cache: KVCache | KVWindow, kv_len):
         if isinstance(cache, KVWindow):
             if kv_len not in (None, cache.max_len):
@@ -233,31 +232,39 @@ class Transformer(nnx.Module):
         return x, close_window(cache, window, cache.end, x.shape[1])
 
     def _window_layers(self, x, positions, inv_freq, valid, window: KVWindow):
-        """Append T tokens at slot ``window.end`` of every layer's buffer and attend to all W slots.
+        """Append T tokens at slot ``window.end`` of every layer's buffer and attend to the filled slots.
 
-        Each layer's keys and values go to the attention matmuls as the whole buffer its append just
-        updated, so XLA updates it in place and copies nothing (a slice of it would be copied).
+        Each layer's keys and values go to the attention as the whole buffer its append just updated,
+        so XLA updates it in place and copies nothing (a slice of it would be copied). With
+        ``cfg.attention_block`` the attention walks key blocks up to the filled length only
+        (``prefix_attention``); with 0 it attends all W slots. ``end`` advances past the last column
+        that holds a valid token in any row: trailing all-padding columns leave no hole.
         """
         t = x.shape[1]
         slot_valid = jax.lax.dynamic_update_slice(window.slot_valid, valid, (0, window.end))
         query_slot = window.end + jnp.arange(t)
-        key_slot = jnp.arange(window.max_len)
-        mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
+        block = self.cfg.attention_block
+        if not block:
+            key_slot = jnp.arange(window.max_len)
+            mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
         ks, vs = list(window.k), list(window.v)
         for i, layer in enumerate(self.layers):
 
-            def keys_fn(k_new, v_new, i=i):
+            def attend(q, k_new, v_new, i=i):
                 start = (0, 0, window.end, 0)
                 ks[i] = jax.lax.dynamic_update_slice(ks[i], k_new.astype(ks[i].dtype), start)
                 vs[i] = jax.lax.dynamic_update_slice(vs[i], v_new.astype(vs[i].dtype), start)
-                return ks[i], vs[i], mask
+                if block:
+                    return prefix_attention(q, ks[i], vs[i], slot_valid, query_slot, window.end + t, block)
+                return masked_attention(q, ks[i], vs[i], mask)
 
-            x = layer(x, positions, inv_freq, keys_fn)
+            x = layer(x, positions, inv_freq, attend)
+        used = jnp.max(jnp.where(jnp.any(valid, axis=0), jnp.arange(1, t + 1), 0))
         new_window = KVWindow(
             k=tuple(ks),
             v=tuple(vs),
             slot_valid=slot_valid,
-            end=window.end + t,
+            end=window.end + used,
             next_pos=window.next_pos + jnp.sum(valid, axis=1, dtype=jnp.int32),
         )
         return x, new_window

@@ -13,14 +13,18 @@ One ``Sampler`` serves single prompts, batched rollouts and multi-turn conversat
 Shapes: tokens int32[B, T]; valid bool[B, T] (padding may be on either side, or anywhere: RoPE
 positions count valid tokens only, so padding never shifts positions); active bool[B].
 
-The cache (``ragen_jax.models.kv_cache``) has one write index shared by every row. ``append`` writes
-T slots, ``generate`` exactly N = ``max_new_tokens`` slots whatever happens (rows that stop early or
-are inactive leave invalid slots), so the filled length ``SamplerState.end`` is a Python int known
-from the shapes alone. That lets every call attend only to the filled part of the cache, rounded up
-to ``kv_block`` slots, instead of the whole static cache (on CPU attending to all slots of a cache
-sized for the full conversation costs about 2x per decode step). The decode loop carries those slots
-as a ``KVWindow`` (one buffer per layer, opened once per ``generate`` and widened between decode
-segments), so that a step reads each layer's keys and values once and copies none of them.
+The cache (``ragen_jax.models.kv_cache``) has one write index shared by every row, ``cache.end``.
+The buffers are static, sized for the whole conversation, and ``SamplerState.end`` is a Python int
+known from the shapes alone: the most slots the calls so far can have filled (``append`` T,
+``generate`` N = ``max_new_tokens``). It sizes what each call may attend: the bound rounded up to
+``kv_block`` slots. What is actually filled is smaller and only known on device: ``append`` first
+moves every row's tokens to the front of its cache (``kv_cache.compact``), so the holes that padding,
+inactive rows and early-stopped rows leave do not pile up turn after turn; ``end`` then advances only
+past columns some row filled, and attention (``models.attention.prefix_attention``) walks key blocks
+up to ``end`` only. A multi-turn rollout attends its longest row, not the sum of its static blocks.
+The decode loop carries the attended slots as a ``KVWindow`` (one buffer per layer, opened once per
+``generate`` and widened between decode segments), so that a step reads each layer's keys and values
+once and copies none of them.
 
 Log-probs. ``logprobs[b, i]`` is log softmax(logits / T)[token] over the *full* vocabulary, computed by
 ``ragen_jax.models.logprobs.logprobs_from_logits`` from the float32 logits of the same model the
@@ -54,6 +58,7 @@ from ragen_jax.models.kv_cache import (
     KVCache,
     KVWindow,
     close_window,
+    compact,
     init_cache,
     open_window,
     widen_window,
@@ -78,6 +83,10 @@ class SamplingConfig:
       (0: always attend to the whole cache).
     decode_segment: split the N decode steps into loops of this many steps, each attending only to
       the slots filled by its end (0: one loop over all N steps attending to end + N slots).
+    prefill_chunk: an ``append`` of more than this many columns runs the model over them this many at
+      a time, and only up to the last column any row fills (0: the whole block at once). A rollout's
+      prompt blocks are as wide as the longest prompt the env can render, its real prompts often
+      half that: the chunks skip the padding's compute.
     early_exit: leave the decode loop as soon as every row has stopped.
     return_logits: also return the float32 logits every token was sampled from (f32[B, N, V]; for
       tests and debugging, it is B * N * V floats).
@@ -92,6 +101,7 @@ class SamplingConfig:
     pad_id: int = 0
     kv_block: int = 64
     decode_segment: int = 0
+    prefill_chunk: int = 64
     early_exit: bool = True
     return_logits: bool = False
 
@@ -109,17 +119,17 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1] (1.0 turns it off), got {self.top_p}")
         if any(len(s) == 0 for s in self.stop_sequences):
             raise ValueError("stop_sequences must not contain an empty sequence")
-        if self.kv_block < 0 or self.decode_segment < 0:
-            raise ValueError("kv_block and decode_segment must be >= 0 (0 turns them off)")
+        if self.kv_block < 0 or self.decode_segment < 0 or self.prefill_chunk < 0:
+            raise ValueError("kv_block, decode_segment and prefill_chunk must be >= 0 (0 turns them off)")
 
 
 @flax.struct.dataclass
 class SamplerState:
     """The conversation so far: the KV cache and the logits that predict each row's next token.
 
-    cache: KVCache with ``end`` filled slots.  last_logits: f32[B, V], the logits after each row's
-    last valid token (zeros for a row that has none yet).  end: the filled length as a static int
-    (equal to ``cache.end``; static so that the attended length is known at trace time).
+    cache: KVCache, ``cache.end`` slots filled.  last_logits: f32[B, V], the logits after each row's
+    last valid token (zeros for a row that has none yet).  end: a static bound on ``cache.end`` (what
+    the calls so far may have filled), so that the attended width is known at trace time.
     """
 
     cache: KVCache
@@ -244,7 +254,7 @@ class Sampler:
         """Append T tokens to every row (prefill, or the next turn's observation).
 
         tokens: int32[B, T]; valid: bool[B, T] (default all True). Returns the new state (``state``
-        is donated) with ``end`` advanced by T; a row with no valid new token keeps its last logits.
+        is donated), its bound ``end`` advanced by T; a row with no valid new token keeps its last logits.
         """
         tokens = jnp.asarray(tokens, jnp.int32)
         valid = jnp.ones(tokens.shape, bool) if valid is None else jnp.asarray(valid, bool)
@@ -268,8 +278,8 @@ class Sampler:
         """Decode up to N = max_new_tokens tokens per active row; feed every sampled token back.
 
         key: a PRNG key; temperature: float or f32[] (traced, > 0); active: bool[B] (default all);
-        inactive rows emit nothing and their new slots stay invalid. Returns the ``SampleOutput``
-        and the new state (``state`` is donated) with ``end`` advanced by exactly N.
+        inactive rows emit nothing. Returns the ``SampleOutput`` and the new state (``state`` is
+        donated), its bound ``end`` advanced by N.
         """
         if not self.config.greedy and isinstance(temperature, (int, float, np.floating)):
             if temperature <= 0:
@@ -303,14 +313,36 @@ class Sampler:
     def _append(self, params, state: SamplerState, tokens, valid) -> SamplerState:
         self.trace_counts["append"] += 1
         model = nnx.merge(self.graphdef, params)
-        t = tokens.shape[1]
+        t, chunk = tokens.shape[1], self.config.prefill_chunk
         kv_len = self._kv_len(state.end + t, state.max_len)
-        hidden, cache = model(tokens, valid, cache=state.cache, return_hidden=True, kv_len=kv_len)
-        # Only each row's last valid position predicts its next token: project just that one.
-        last = jnp.max(jnp.where(valid, jnp.arange(t), -1), axis=1)
-        hidden_last = jnp.take_along_axis(hidden, jnp.maximum(last, 0)[:, None, None], axis=1)[:, 0]
-        logits = model.lm_logits(hidden_last)
-        last_logits = jnp.where((last >= 0)[:, None], logits, state.last_logits)
+        cache = compact(state.cache)
+        if not chunk or t <= chunk:
+            hidden, cache = model(tokens, valid, cache=cache, return_hidden=True, kv_len=kv_len)
+            last_logits = _last_valid_logits(model, hidden, valid, state.last_logits)
+            return SamplerState(cache=cache, last_logits=last_logits, end=state.end + t)
+
+        # Chunks of columns up to the last one any row fills, appended to a window in place. A chunk
+        # writes `chunk` slots from the window's end, which is at most start + (its first column), so
+        # the window reaches start + t rounded up to whole chunks (past the cache's slots if need be:
+        # only slots [start, start + t) go back to the cache).
+        padded = -(-t // chunk) * chunk
+        tokens = jnp.pad(tokens, ((0, 0), (0, padded - t)))
+        valid = jnp.pad(valid, ((0, 0), (0, padded - t)))
+        width = max(kv_len, state.end + padded)
+        window = open_window(cache, min(width, state.max_len))
+        window = widen_window(window, width)
+        used = jnp.max(jnp.where(jnp.any(valid, axis=0), jnp.arange(1, padded + 1), 0))
+
+        def one_chunk(c, carry):
+            window, last_logits = carry
+            tok = jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, axis=1)
+            val = jax.lax.dynamic_slice_in_dim(valid, c * chunk, chunk, axis=1)
+            hidden, window = model(tok, val, cache=window, return_hidden=True)
+            return window, _last_valid_logits(model, hidden, val, last_logits)
+
+        window, last_logits = jax.lax.fori_loop(
+            0, (used + chunk - 1) // chunk, one_chunk, (window, state.last_logits))
+        cache = close_window(cache, window, cache.end, t)
         return SamplerState(cache=cache, last_logits=last_logits, end=state.end + t)
 
     def _generate(self, params, state: SamplerState, key, temperature, active):
@@ -353,9 +385,8 @@ class Sampler:
 
             carry = jax.lax.while_loop(cond, body, carry)
 
-        # Steps skipped by the early exit leave invalid slots: the cache advances by exactly N.
-        cache = close_window(state.cache, carry.cache, state.end, n)
-        cache = cache.replace(end=jnp.asarray(state.end + n, jnp.int32))
+        # The window's end has advanced once per step some row emitted in.
+        cache = close_window(state.cache, carry.cache, state.cache.end, n)
         out = SampleOutput(
             tokens=carry.tokens,
             logprobs=carry.logprobs,
@@ -411,6 +442,15 @@ class Sampler:
             key=key,
             step_logits=step_logits,
         )
+
+
+def _last_valid_logits(model, hidden: jax.Array, valid: jax.Array, previous: jax.Array) -> jax.Array:
+    """f32[B, V]: the logits at each row's last valid position of ``hidden`` [B, T, d], or ``previous``
+    for a row with none. Only that position predicts the row's next token, so only it is projected."""
+    t = valid.shape[1]
+    last = jnp.max(jnp.where(valid, jnp.arange(t), -1), axis=1)
+    hidden_last = jnp.take_along_axis(hidden, jnp.maximum(last, 0)[:, None, None], axis=1)[:, 0]
+    return jnp.where((last >= 0)[:, None], model.lm_logits(hidden_last), previous)
 
 
 def left_pad(

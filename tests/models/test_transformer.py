@@ -12,9 +12,10 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models.config import RopeScaling, get_preset
-from ragen_jax.models.kv_cache import cache_bytes, init_cache, repeat_rows
+from ragen_jax.models.kv_cache import cache_bytes, compact, init_cache, repeat_rows
 from ragen_jax.models.logprobs import chunked_token_logprobs, logprobs_from_logits, sequence_logprobs
 from ragen_jax.models.transformer import Transformer
+from tests._tolerance import logit_tolerance
 
 SMALL = dict(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 
@@ -123,13 +124,35 @@ def test_cache_appends_equal_full_forward_including_holes(model):
     for lo, hi in [(0, 5), (5, 6), (6, 12)]:
         out, cache = model(jnp.asarray(tokens[:, lo:hi]), jnp.asarray(valid[:, lo:hi]), cache=cache)
         pieces.append(out)
-        if lo == 5:  # a padding-only chunk in the middle leaves invalid slots (holes)
+        if lo == 5:  # a padding-only chunk in the middle fills no slot
             _, cache = model(jnp.zeros((3, 3), jnp.int32), jnp.zeros((3, 3), bool), cache=cache, kv_len=12)
     got = np.concatenate([np.asarray(p) for p in pieces], 1)
     np.testing.assert_allclose(got[valid], np.asarray(full)[valid], atol=1e-5)
-    assert int(cache.end) == 15
+    assert int(cache.end) == 12  # columns no row fills (the padding-only chunk) take no slot
     np.testing.assert_array_equal(np.asarray(cache.next_pos), valid.sum(1))
     assert int(cache.slot_valid.sum()) == valid.sum()
+
+
+def test_compact_moves_each_rows_tokens_to_its_front_and_changes_no_logit(model):
+    """After appends with holes (padding anywhere), ``compact`` keeps each row's keys in order at its
+    front and ``end`` at the longest row; the next append's logits are the same either way."""
+    tokens, valid = _batch(t=12)
+    valid[0, 3:6] = False  # a hole inside row 0
+    cache = init_cache(model.cfg, 3, 24)
+    _, cache = model(jnp.asarray(tokens[:, :8]), jnp.asarray(valid[:, :8]), cache=cache)
+    packed = compact(cache)
+    counts = valid[:, :8].sum(1)
+    assert int(packed.end) == counts.max()
+    np.testing.assert_array_equal(np.asarray(packed.slot_valid), np.arange(24)[None] < counts[:, None])
+    for b in range(3):
+        np.testing.assert_array_equal(np.asarray(packed.k)[:, b, :, :counts[b]],
+                                      np.asarray(cache.k)[:, b][:, :, np.nonzero(valid[b, :8])[0]])
+    nxt, nxt_valid = jnp.asarray(tokens[:, 8:]), jnp.asarray(valid[:, 8:])
+    want, _ = model(nxt, nxt_valid, cache=cache)
+    got, _ = model(nxt, nxt_valid, cache=packed)
+    cfg, want = model.cfg, np.asarray(want)[valid[:, 8:]]
+    tol = logit_tolerance(want, max(cfg.intermediate_size, cfg.hidden_size, 24), depth=2 * cfg.num_layers + 1)
+    assert np.all(np.max(np.abs(np.asarray(got)[valid[:, 8:]] - want), axis=-1) <= tol)
 
 
 def test_repeat_rows_shares_a_prefill(model):

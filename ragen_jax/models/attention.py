@@ -1,0 +1,193 @@
+"""Grouped-query attention: masked (any mask, scores materialised) and causal blockwise (no score matrix).
+
+Both take queries grouped by the key/value head they share::
+
+    q: [B, K, G, T, D]   K key/value heads, G = num_heads / K query heads per key head
+    k, v: [B, K, S, D]
+    out: [B, K, G, T, D] in q's dtype
+
+``masked_attention`` builds the f32[B, K, G, T, S] scores over every key it is given.
+``prefix_attention`` is for appending to a KV cache (a prefill block or one decode token): the buffer
+has a static width, but only its first ``length`` slots (a traced number) hold anything, so it walks
+key blocks up to there and its cost follows the filled length, not the width. ``causal_attention`` is
+for a whole sequence attending to itself (the update,
+the warm start, log-prob scoring), where that tensor and its softmax, kept for the backward pass, are
+[B, H, T, T] float32 each: at T ~ 1,000 they are most of an update's memory. It walks query and key
+blocks of ``block`` tokens with an online softmax, skips the key blocks above the diagonal, and its
+custom VJP recomputes each block's probabilities from the saved row log-sum-exp, so what it keeps is
+O(B H T D). Same numbers as ``masked_attention`` with the causal mask up to float32 rounding (the
+softmax is normalised per block and the sums run in a different order).
+
+Forward (FlashAttention-2, Dao 2023, Algorithm 1), for query block i over key blocks j <= i:
+    s = q_i k_j^T / sqrt(D), masked to -1e30
+    m' = max(m, rowmax s);  p = exp(s - m');  l' = l e^(m - m') + rowsum p;  a' = a e^(m - m') + p v_j
+    o_i = a / l;  lse_i = m + log l
+Backward (Algorithm 2), with delta = rowsum(dO * O), for key block j over query blocks i >= j:
+    p = exp(s - lse_i);  dV_j += p^T dO_i;  ds = p * (dO_i v_j^T - delta_i)
+    dQ_i += ds k_j / sqrt(D);  dK_j += ds^T q_i / sqrt(D)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+# Large negative instead of -inf so that a query with no visible key (padding) gives a finite,
+# uniform softmax rather than NaN.
+MASKED = -1e30
+
+
+def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(D) where mask) v.  mask: bool[B, T, S] (query t sees key s)."""
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(q.shape[-1])
+    scores = jnp.where(mask[:, None, None], scores, MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bksd->bkgtd", probs, v)
+
+
+def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, slot_valid: jax.Array, query_slot: jax.Array,
+                     length: jax.Array, block: int) -> jax.Array:
+    """Attention of T new queries to the first ``length`` slots of a KV buffer (forward only).
+
+    q: [B, K, G, T, D]; k, v: [B, K, W, D]; slot_valid: bool[B, W]; query_slot: int32[T], the slot of
+    each query (it sees keys at slots <= its own); length: int32[] (traced), <= W, past every slot a
+    query may see. Key blocks of ``block`` slots (static) from slot 0 up to ``length``; a block that
+    would run past W starts at W - block instead and skips the slots already seen.
+    """
+    w = k.shape[2]
+    block = max(1, min(block, w))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    shape = q.shape[:-1]
+
+    def key_block(j, carry):
+        m, l, acc = carry
+        start = jnp.minimum(j * block, w - block)
+        k_j, v_j = _slice_t(k, start, block, 2), _slice_t(v, start, block, 2)
+        slot = start + jnp.arange(block)
+        seen = (slot[None, :] <= query_slot[:, None]) & (slot >= j * block)[None, :]
+        mask = seen[None] & _slice_t(slot_valid, start, block, 1)[:, None, :]  # [B, T, block]
+        s = jnp.einsum("bkgtd,bksd->bkgts", q, k_j, preferred_element_type=jnp.float32) * scale
+        s = jnp.where(mask[:, None, None], s, MASKED)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        rescale = jnp.exp(m - m_new)
+        pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), v_j, preferred_element_type=jnp.float32)
+        return m_new, l * rescale + jnp.sum(p, axis=-1), acc * rescale[..., None] + pv
+
+    init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros(q.shape, jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, (length + block - 1) // block, key_block, init)
+    return (acc / l[..., None]).astype(q.dtype)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, block: int) -> jax.Array:
+    """Attention of a sequence to itself, query t seeing key s iff s <= t and key_valid[:, s].
+
+    q: [B, K, G, T, D]; k, v: [B, K, T, D]; key_valid: bool[B, T]; block (static): tokens per query /
+    key block. T is padded up to a multiple of ``block`` (padding keys invalid, padding queries
+    dropped), so a block larger than T attends in one block.
+    """
+    t = q.shape[3]
+    block = max(1, min(block, t))
+    pad = -t % block
+    if pad:
+        q = jnp.pad(q, [(0, 0)] * 3 + [(0, pad), (0, 0)])
+        k = jnp.pad(k, [(0, 0), (0, 0), (0, pad), (0, 0)])
+        v = jnp.pad(v, [(0, 0), (0, 0), (0, pad), (0, 0)])
+        key_valid = jnp.pad(key_valid, [(0, 0), (0, pad)])
+    out = _blockwise(q, k, v, key_valid, block)
+    return out[:, :, :, :t]
+
+
+def _block_scores(q_i, k_j, key_valid_j, i, j, block):
+    """f32[B, K, G, block, block] masked scores of query block i against key block j."""
+    s = jnp.einsum("bkgtd,bksd->bkgts", q_i, k_j, preferred_element_type=jnp.float32)
+    s = s / math.sqrt(q_i.shape[-1])
+    q_pos = i * block + jnp.arange(block)
+    k_pos = j * block + jnp.arange(block)
+    mask = (k_pos[None, :] <= q_pos[:, None])[None] & key_valid_j[:, None, :]  # [B, block, block]
+    return jnp.where(mask[:, None, None], s, MASKED)
+
+
+def _slice_t(x, start, size, axis):
+    return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+
+
+def _forward(q, k, v, key_valid, block):
+    """(out [B, K, G, Tp, D] in q's dtype, lse f32[B, K, G, Tp])."""
+    n = q.shape[3] // block
+
+    def query_block(i):
+        q_i = _slice_t(q, i * block, block, 3)
+        shape = q_i.shape[:-1]
+
+        def key_block(j, carry):
+            m, l, acc = carry
+            k_j, v_j = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
+            s = _block_scores(q_i, k_j, _slice_t(key_valid, j * block, block, 1), i, j, block)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            scale = jnp.exp(m - m_new)
+            l = l * scale + jnp.sum(p, axis=-1)
+            pv = jnp.einsum("bkgts,bksd->bkgtd", p.astype(v.dtype), v_j, preferred_element_type=jnp.float32)
+            return m_new, l, acc * scale[..., None] + pv
+
+        init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
+                jnp.zeros(q_i.shape, jnp.float32))
+        m, l, acc = jax.lax.fori_loop(0, i + 1, key_block, init)
+        return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)
+
+    out, lse = jax.lax.map(query_block, jnp.arange(n))  # [n, B, K, G, block, D], [n, B, K, G, block]
+    out = jnp.moveaxis(out, 0, 3).reshape(q.shape)
+    lse = jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1])
+    return out, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blockwise(q, k, v, key_valid, block):
+    return _forward(q, k, v, key_valid, block)[0]
+
+
+def _blockwise_fwd(q, k, v, key_valid, block):
+    out, lse = _forward(q, k, v, key_valid, block)
+    return out, (q, k, v, key_valid, out, lse)
+
+
+def _blockwise_bwd(block, residuals, d_out):
+    q, k, v, key_valid, out, lse = residuals
+    n = q.shape[3] // block
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    d_out = d_out.astype(jnp.float32)
+    delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)  # [B, K, G, Tp]
+
+    def key_block(dq, j):
+        k_j, v_j = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
+        valid_j = _slice_t(key_valid, j * block, block, 1)
+
+        def query_block(i, carry):
+            dk, dv, dq = carry
+            q_i = _slice_t(q, i * block, block, 3)
+            do_i = _slice_t(d_out, i * block, block, 3)
+            s = _block_scores(q_i, k_j, valid_j, i, j, block)
+            p = jnp.exp(s - _slice_t(lse, i * block, block, 3)[..., None])
+            dv = dv + jnp.einsum("bkgts,bkgtd->bksd", p, do_i)
+            dp = jnp.einsum("bkgtd,bksd->bkgts", do_i, v_j.astype(jnp.float32))
+            ds = p * (dp - _slice_t(delta, i * block, block, 3)[..., None]) * scale
+            dk = dk + jnp.einsum("bkgts,bkgtd->bksd", ds, q_i.astype(jnp.float32))
+            dq_i = _slice_t(dq, i * block, block, 3) + jnp.einsum("bkgts,bksd->bkgtd", ds, k_j.astype(jnp.float32))
+            return dk, dv, jax.lax.dynamic_update_slice_in_dim(dq, dq_i, i * block, axis=3)
+
+        zeros = jnp.zeros(k_j.shape, jnp.float32)
+        dk, dv, dq = jax.lax.fori_loop(j, n, query_block, (zeros, zeros, dq))
+        return dq, (dk, dv)
+
+    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(n))
+    dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape)  # [n, B, K, block, D] -> [B, K, Tp, D]
+    dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
