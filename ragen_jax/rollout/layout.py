@@ -121,7 +121,8 @@ class RolloutConfig:
     val_seed: seed bases (RAGEN 10000 / 123); format_penalty (RAGEN -0.1 per invalid turn);
     max_user_tokens: the static width of one user message for host envs (0: derived from the
     on-device text layer); host_error_penalty: the penalty of the turn whose host-env call failed
-    (timeout, exception, dead worker: ``host_pool``), which ends the episode; kv_block: the sampler's attention block (see ``sampling/sampler.py``);
+    (timeout, exception, dead worker: ``host_pool``), which ends the episode; kv_block / prefill_chunk: the sampler's attention block and prompt chunk
+    (see ``sampling/sampler.py``);
     parse_bytes_per_token / parse_answer_window: the on-device parse's cost knobs (``envs/base.py``
     TextLayer; None = exact RAGEN parsing of any response, the default here; e.g. 4 / 64 bound the
     parse's work for long responses and BPE vocabularies, and the host adapter mirrors them).
@@ -146,6 +147,7 @@ class RolloutConfig:
     max_user_tokens: int = 0
     host_error_penalty: float = -0.1
     kv_block: int = 64
+    prefill_chunk: int = 64
     parse_bytes_per_token: int | None = None
     parse_answer_window: int | None = None
 
@@ -237,6 +239,7 @@ def make_sampler(graphdef: nnx.GraphDef, tokenizer: Tokenizer, config: RolloutCo
     return Sampler(graphdef, SamplingConfig(
         max_new_tokens=config.max_new_tokens, greedy=greedy, eos_ids=tuple(tokenizer.eos_ids),
         stop_sequences=stop_sequences(tokenizer), pad_id=tokenizer.pad_id, kv_block=config.kv_block,
+        prefill_chunk=config.prefill_chunk,
     ))
 
 
