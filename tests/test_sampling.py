@@ -40,8 +40,9 @@ CONV_ACTIVE_TURN1 = np.array([True, True, True, False])
 
 @pytest.fixture(scope="module")
 def cfg():
+    # attention_block=8: the cache's windows (up to 48 slots) and the full forwards attend in blocks.
     return get_preset("tiny", hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16)
+                      num_kv_heads=2, head_dim=16, attention_block=8)
 
 
 def _peaked_params(params, cfg, seed):

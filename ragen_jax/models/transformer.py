@@ -212,10 +212,10 @@ class Transformer(nnx.Module):
 
     def _self_attend(self, valid):
         """attend(q, k, v) of a sequence to itself: causal, padding keys skipped."""
-        block = self.cfg.attention_block
-        if block:
+        block, t = self.cfg.attention_block, valid.shape[1]
+        if block and t > block:
             return lambda q, k, v: causal_attention(q, k, v, valid, block)
-        t = valid.shape[1]
+        # One block's worth of scores: materialising them costs no more memory than a block would.
         mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
         return lambda q, k, v: masked_attention(q, k, v, mask)
 
@@ -243,7 +243,8 @@ class Transformer(nnx.Module):
         t = x.shape[1]
         slot_valid = jax.lax.dynamic_update_slice(window.slot_valid, valid, (0, window.end))
         query_slot = window.end + jnp.arange(t)
-        block = self.cfg.attention_block
+        # A window of one block is attended whole (what a single block would do, without the loop).
+        block = self.cfg.attention_block if self.cfg.attention_block < window.max_len else 0
         if not block:
             key_slot = jnp.arange(window.max_len)
             mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
