@@ -66,6 +66,13 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
     )
 
 
+def filled_columns(valid: jax.Array) -> jax.Array:
+    """int32[]: one past the last column of valid bool[B, T] that any row fills (0 if none): the slots
+    an append of those columns advances ``end`` by."""
+    t = valid.shape[1]
+    return jnp.max(jnp.where(jnp.any(valid, axis=0), jnp.arange(1, t + 1), 0))
+
+
 def compact(cache: KVCache) -> KVCache:
     """``cache`` with each row's valid slots moved to its front, in their order, and ``end`` at the
     longest row's count: the holes that padding and early-stopped rows left are gone, so what comes

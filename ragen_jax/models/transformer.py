@@ -29,7 +29,7 @@ from flax import nnx
 
 from ragen_jax.models.attention import causal_attention, masked_attention, prefix_attention
 from ragen_jax.models.config import ModelConfig, RopeScaling
-from ragen_jax.models.kv_cache import KVCache, KVWindow, close_window, open_window
+from ragen_jax.models.kv_cache import KVCache, KVWindow, close_window, filled_columns, open_window
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     """inv_freq_i = theta^(-2i/d) for i < d/2, with Llama-3 scaling when configured.  f32[head_dim/2]"""
@@ -260,12 +260,11 @@ class Transformer(nnx.Module):
                 return masked_attention(q, ks[i], vs[i], mask)
 
             x = layer(x, positions, inv_freq, attend)
-        used = jnp.max(jnp.where(jnp.any(valid, axis=0), jnp.arange(1, t + 1), 0))
         new_window = KVWindow(
             k=tuple(ks),
             v=tuple(vs),
             slot_valid=slot_valid,
-            end=window.end + used,
+            end=window.end + filled_columns(valid),
             next_pos=window.next_pos + jnp.sum(valid, axis=1, dtype=jnp.int32),
         )
         return x, new_window

@@ -59,6 +59,7 @@ from ragen_jax.models.kv_cache import (
     KVWindow,
     close_window,
     compact,
+    filled_columns,
     init_cache,
     open_window,
     widen_window,
@@ -331,7 +332,7 @@ class Sampler:
         width = max(kv_len, state.end + padded)
         window = open_window(cache, min(width, state.max_len))
         window = widen_window(window, width)
-        used = jnp.max(jnp.where(jnp.any(valid, axis=0), jnp.arange(1, padded + 1), 0))
+        used = filled_columns(valid)
 
         def one_chunk(c, carry):
             window, last_logits = carry
