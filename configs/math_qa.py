@@ -12,6 +12,7 @@ from configs.base import cpu_task_config
 
 
 def get_config(algorithm: str = ""):
-    env_params = {"max_actions": 1, "data_path": "", "num_items": 4096, "data_seed": 0, "max_question_bytes": 0}
+    env_params = {"max_actions": 1, "data_path": "", "num_items": 4096, "data_seed": 0, "max_question_bytes": 0,
+                  "max_steps": 4}
     return cpu_task_config("math_qa", max_turns=1, max_new_tokens=96, total_steps=30, env_params=env_params,
                            max_actions_per_turn=1, algorithm=algorithm)

@@ -60,6 +60,7 @@ class MathQAParams(TextEnvParams):
       0 = all). data_seed: the generator's seed (the subset's for a file).
     max_label_bytes: the widest normalised label (longer ones are dropped); max_question_bytes: the
       longest question kept (0 = any); max_action_bytes: the longest answer the device checks.
+    max_steps: generated problems only: the most arithmetic steps a problem's solution takes (2-4).
     """
 
     max_actions: int = 1
@@ -69,6 +70,7 @@ class MathQAParams(TextEnvParams):
     max_label_bytes: int = struct.field(pytree_node=False, default=32)
     max_question_bytes: int = struct.field(pytree_node=False, default=0)
     max_action_bytes: int = struct.field(pytree_node=False, default=128)
+    max_steps: int = struct.field(pytree_node=False, default=4)
 
 
 @struct.dataclass
@@ -101,7 +103,7 @@ class MathQAParsed:
 def item_table(params: MathQAParams) -> ItemTable:
     """The (cached) item table of these settings."""
     return load_table(params.data_path, params.num_items, params.data_seed, params.max_label_bytes,
-                      params.max_question_bytes)
+                      params.max_question_bytes, params.max_steps)
 
 
 class MathQA(TextEnv):

@@ -159,10 +159,20 @@ TEMPLATES: tuple[Callable[[random.Random], tuple[str, list[Step]]], ...] = (
 )
 
 
-def generate_problem(seed: int, index: int) -> Problem:
-    """Problem ``index`` of ``seed``: a uniform template, its numbers uniform in the template's ranges."""
+# Arithmetic steps of each template's solution (2, 3 or 4).
+TEMPLATE_STEPS = (2, 2, 2, 3, 3, 4, 4)
+MAX_STEPS = max(TEMPLATE_STEPS)
+
+
+def generate_problem(seed: int, index: int, max_steps: int = MAX_STEPS) -> Problem:
+    """Problem ``index`` of ``seed``: a uniform template among those of at most ``max_steps`` steps (2-4),
+    its numbers uniform in the template's ranges. With every template allowed, item i of a seed is the
+    same whatever the table size."""
+    if not min(TEMPLATE_STEPS) <= max_steps <= MAX_STEPS:
+        raise ValueError(f"math_qa max_steps must be in {min(TEMPLATE_STEPS)}..{MAX_STEPS}, got {max_steps}")
     rng = random.Random(f"math_qa:{int(seed)}:{int(index)}")
-    template = rng.randrange(len(TEMPLATES))
+    allowed = [i for i, n in enumerate(TEMPLATE_STEPS) if n <= max_steps]
+    template = allowed[rng.randrange(len(allowed))]
     question, steps = TEMPLATES[template](rng)
     return Problem(template, question, tuple(steps))
 
@@ -270,20 +280,20 @@ def build_table(items: Iterable[tuple[str, str | None, str]], max_label_bytes: i
     )
 
 
-def generated_items(seed: int, count: int) -> list[tuple[str, str, str]]:
-    problems = (generate_problem(seed, i) for i in range(count))
+def generated_items(seed: int, count: int, max_steps: int = MAX_STEPS) -> list[tuple[str, str, str]]:
+    problems = (generate_problem(seed, i, max_steps) for i in range(count))
     return [(p.question, str(p.answer), p.solution) for p in problems]
 
 
 @functools.lru_cache(maxsize=8)
 def load_table(data_path: str, num_items: int, data_seed: int, max_label_bytes: int,
-               max_question_bytes: int) -> ItemTable:
+               max_question_bytes: int, max_steps: int = MAX_STEPS) -> ItemTable:
     """The table of an env's settings (cached: built once per process): ``num_items`` generated problems
-    of ``data_seed`` when ``data_path`` is "", else the usable items of the file (at most ``num_items``,
-    0 = all)."""
+    of ``data_seed`` and at most ``max_steps`` steps when ``data_path`` is "", else the usable items of
+    the file (at most ``num_items``, 0 = all)."""
     if not data_path:
         if num_items < 1:
             raise ValueError(f"math_qa num_items must be >= 1 for generated problems, got {num_items}")
-        return build_table(generated_items(data_seed, num_items), max_label_bytes, max_question_bytes)
+        return build_table(generated_items(data_seed, num_items, max_steps), max_label_bytes, max_question_bytes)
     _, items = read_file(os.path.expanduser(data_path))
     return build_table(items, max_label_bytes, max_question_bytes, num_items, data_seed)

@@ -9,7 +9,8 @@ Both take queries grouped by the key/value head they share::
 ``masked_attention`` builds the f32[B, K, G, T, S] scores over every key it is given.
 ``prefix_attention`` is for appending to a KV cache (a prefill block or one decode token): the buffer
 has a static width, but only its first ``length`` slots (a traced number) hold anything, so it walks
-key blocks up to there and its cost follows the filled length, not the width. ``causal_attention`` is
+key blocks up to there and its cost follows the filled length, not the width (a decode step's single
+query attends the whole buffer when the walk would not save memory traffic). ``causal_attention`` is
 for a whole sequence attending to itself (the update,
 the warm start, log-prob scoring), where that tensor and its softmax, kept for the backward pass, are
 [B, H, T, T] float32 each: at T ~ 1,000 they are most of an update's memory. It walks query and key
@@ -56,10 +57,33 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, slot_valid: jax.A
     q: [B, K, G, T, D]; k, v: [B, K, W, D]; slot_valid: bool[B, W]; query_slot: int32[T], the slot of
     each query (it sees keys at slots <= its own); length: int32[] (traced), <= W, past every slot a
     query may see. Key blocks of ``block`` slots (static) from slot 0 up to ``length``; a block that
-    would run past W starts at W - block instead and skips the slots already seen.
+    would run past W starts at W - block instead and skips the slots already seen. A single query
+    attends the whole buffer instead when the walk would cover a third of it or more (see below).
     """
     w = k.shape[2]
     block = max(1, min(block, w))
+    if q.shape[3] == 1 and block < w:
+        # One query per row (a decode step) reads each key once and is bound by memory traffic. A block
+        # walk copies every block it visits out of the buffer before its dot (XLA:CPU cannot hand a
+        # dynamic slice to a matmul), so it moves ~3 bytes per walked slot against 1 per slot for the
+        # whole buffer: walk only when under a third of the buffer is walked.
+        walked = (length + block - 1) // block * block
+
+        def whole(q, k, v):
+            slot = jnp.arange(w)
+            mask = (slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
+            return masked_attention(q, k, v, mask)
+
+        def walk(q, k, v):
+            return _walk_key_blocks(q, k, v, slot_valid, query_slot, length, block)
+
+        return jax.lax.cond(3 * walked < w, walk, whole, q, k, v)
+    return _walk_key_blocks(q, k, v, slot_valid, query_slot, length, block)
+
+
+def _walk_key_blocks(q, k, v, slot_valid, query_slot, length, block):
+    """prefix_attention as an online softmax over key blocks up to ``length`` (block <= W)."""
+    w = k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1])
     shape = q.shape[:-1]
 

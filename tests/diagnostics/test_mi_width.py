@@ -85,19 +85,24 @@ def score_tolerance(model, x, x_valid, z, z_valid, temperature):
     num_rows, num_cols = z.shape[0], x.shape[0]
     tol_sum = np.zeros((num_rows, num_cols))
     counts = np.maximum(z_valid.sum(axis=1), 1)
-    for m in range(num_rows):
+    pairs = [(m, j) for m in range(num_rows) if z_valid[m].any() for j in range(num_cols)]
+    seqs = [np.concatenate([x[j][x_valid[j]], z[m][z_valid[m]]]) for m, j in pairs]
+    # One forward over every pair, right-padded: causal attention keeps a position's logits free of the
+    # padding after it, and the tolerance reads only the logits' scale.
+    width = max(len(seq) for seq in seqs)
+    tokens = np.zeros((len(seqs), width), np.int32)
+    for row, seq in enumerate(seqs):
+        tokens[row, : len(seq)] = seq
+    all_logits = np.asarray(model(jnp.asarray(tokens), jnp.asarray(tokens > 0))[0], np.float64)
+    for row, ((m, j), seq) in enumerate(zip(pairs, seqs)):
         reasoning = z[m][z_valid[m]]
-        if reasoning.size == 0:
-            continue
-        for j in range(num_cols):
-            seq = np.concatenate([x[j][x_valid[j]], reasoning])[None]
-            logits, _ = model(jnp.asarray(seq), jnp.ones(seq.shape, bool))
-            logits = np.asarray(logits)[0, -reasoning.size - 1: -1]  # the positions predicting z_m
-            token_tol, _ = logprob_entropy_tolerance(
-                logits, temperature, logit_tolerance(logits, longest, depth))
-            log_softmax = jax.nn.log_softmax(jnp.asarray(logits) / temperature, axis=-1)
-            abs_logp = np.abs(np.asarray(log_softmax)[np.arange(reasoning.size), reasoning])
-            tol_sum[m, j] = token_tol.sum() + 2 * gamma(reasoning.size) * (abs_logp + token_tol).sum()
+        logits = all_logits[row, len(seq) - reasoning.size - 1: len(seq) - 1]  # the positions predicting z_m
+        token_tol, _ = logprob_entropy_tolerance(logits, temperature, logit_tolerance(logits, longest, depth))
+        scaled = logits / temperature
+        log_softmax = scaled - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - scaled.max(-1, keepdims=True)
+        abs_logp = np.abs(log_softmax[np.arange(reasoning.size), reasoning])
+        tol_sum[m, j] = token_tol.sum() + 2 * gamma(reasoning.size) * (abs_logp + token_tol).sum()
     return tol_sum, tol_sum / counts[:, None]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from envs.math_qa import INCORRECT, MathQA, MathQAAction, MathQAParams, item_table
 from envs.math_qa_check import answer_matches
-from envs.math_qa_data import TEMPLATES, generate_problem, load_table, read_file
+from envs.math_qa_data import TEMPLATE_STEPS, TEMPLATES, generate_problem, load_table, read_file
 from ragen_jax.models.tokenizers import CharTokenizer
 from ragen_jax.rollout.layout import RolloutConfig, env_keys
 from ragen_jax.sft.demos import DemoWriter, demo_seeds
@@ -180,6 +180,16 @@ def test_generator_is_deterministic_and_its_answers_are_right():
     table = load_table("", 64, 0, 32, 0)
     assert table.questions == tuple(p.question for p in problems[:64])  # the env's table: items 0..N-1
     assert table.labels == tuple(str(p.answer) for p in problems[:64])
+
+
+@pytest.mark.parametrize("max_steps", [2, 3])
+def test_max_steps_keeps_the_shorter_templates_only(max_steps):
+    problems = [generate_problem(0, i, max_steps) for i in range(600)]
+    assert all(len(p.steps) <= max_steps and len(p.steps) == TEMPLATE_STEPS[p.template] for p in problems)
+    assert {p.template for p in problems} == {i for i, n in enumerate(TEMPLATE_STEPS) if n <= max_steps}
+    assert load_table("", 16, 0, 32, 0, max_steps).questions == tuple(p.question for p in problems[:16])
+    with pytest.raises(ValueError, match="max_steps must be in 2..4"):
+        generate_problem(0, 0, 1)
 
 
 # ----- files ----------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def test_blockwise_attention_and_its_gradients_equal_the_exact_attention(t, bloc
 
 
 @pytest.mark.parametrize("width, end, t, block", [(40, 17, 1, 8), (40, 17, 5, 16), (37, 30, 7, 16), (37, 0, 4, 64),
-                                                  (64, 60, 1, 8)])
+                                                  (64, 60, 1, 8), (64, 5, 1, 8)])
 def test_prefix_attention_equals_the_exact_attention_over_the_filled_slots(width, end, t, block):
     """T queries at slots end..end+T-1 of a W-slot buffer whose slots past end + T hold garbage: the
     blockwise walk up to end + T equals exact attention over the valid slots at or before each query."""
