@@ -4,9 +4,9 @@ whitespace), sized for CPU.
 Generated grade-school word problems of 2-4 steps (envs/math_qa_data.py) by default; a local MetaMathQA
 or GSM8K file with --config.env.params.data_path=/path/to/MetaMathQA-395K.json (num_items: how many items
 the table keeps, a seeded subset; max_question_bytes: the longest question kept, 0 = any; max_steps: 2 or 3
-keeps only the generated problems of at most that many steps; README "MathQA" has the learning runs). Tiny preset +
-character tokenizer from the supervised warm start, compact prompts, GRPO, one turn, one answer of up to
-96 tokens, 4 groups x 8 episodes (RAGEN-2: 8 x 16).
+keeps only the generated problems of at most that many steps; README "MathQA" has the learning runs).
+Tiny preset + character tokenizer from the supervised warm start, compact prompts, GRPO, one turn, one
+answer of up to 96 tokens, 4 groups x 8 episodes (RAGEN-2: 8 x 16).
 """
 
 from configs.base import cpu_task_config
