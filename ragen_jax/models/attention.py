@@ -57,32 +57,34 @@ def prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, slot_valid: jax.A
     q: [B, K, G, T, D]; k, v: [B, K, W, D]; slot_valid: bool[B, W]; query_slot: int32[T], the slot of
     each query (it sees keys at slots <= its own); length: int32[] (traced), <= W, past every slot a
     query may see. Key blocks of ``block`` slots (static) from slot 0 up to ``length``; a block that
-    would run past W starts at W - block instead and skips the slots already seen. A single query
-    attends the whole buffer instead when the walk would cover a third of it or more (see below).
+    would run past W starts at W - block instead and skips the slots already seen. All W slots are
+    attended at once (masked) when ``block`` is 0 or at least W, and for a single query when the walk
+    would cover a third of them or more (see below).
     """
     w = k.shape[2]
-    block = max(1, min(block, w))
-    if q.shape[3] == 1 and block < w:
+
+    def whole(q, k, v):
+        slot = jnp.arange(w)
+        mask = (slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
+        return masked_attention(q, k, v, mask)
+
+    def walk(q, k, v):
+        return _walk_key_blocks(q, k, v, slot_valid, query_slot, length, block)
+
+    if not block or block >= w:  # one block's worth of scores costs no more than a block, without the loop
+        return whole(q, k, v)
+    if q.shape[3] == 1:
         # One query per row (a decode step) reads each key once and is bound by memory traffic. A block
         # walk copies every block it visits out of the buffer before its dot (XLA:CPU cannot hand a
         # dynamic slice to a matmul), so it moves ~3 bytes per walked slot against 1 per slot for the
         # whole buffer: walk only when under a third of the buffer is walked.
         walked = (length + block - 1) // block * block
-
-        def whole(q, k, v):
-            slot = jnp.arange(w)
-            mask = (slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
-            return masked_attention(q, k, v, mask)
-
-        def walk(q, k, v):
-            return _walk_key_blocks(q, k, v, slot_valid, query_slot, length, block)
-
         return jax.lax.cond(3 * walked < w, walk, whole, q, k, v)
-    return _walk_key_blocks(q, k, v, slot_valid, query_slot, length, block)
+    return walk(q, k, v)
 
 
 def _walk_key_blocks(q, k, v, slot_valid, query_slot, length, block):
-    """prefix_attention as an online softmax over key blocks up to ``length`` (block <= W)."""
+    """prefix_attention as an online softmax over key blocks up to ``length`` (0 < block < W)."""
     w = k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1])
     shape = q.shape[:-1]

@@ -243,11 +243,6 @@ class Transformer(nnx.Module):
         t = x.shape[1]
         slot_valid = jax.lax.dynamic_update_slice(window.slot_valid, valid, (0, window.end))
         query_slot = window.end + jnp.arange(t)
-        # A window of one block is attended whole (what a single block would do, without the loop).
-        block = self.cfg.attention_block if self.cfg.attention_block < window.max_len else 0
-        if not block:
-            key_slot = jnp.arange(window.max_len)
-            mask = (key_slot[None, :] <= query_slot[:, None])[None] & slot_valid[:, None, :]
         ks, vs = list(window.k), list(window.v)
         for i, layer in enumerate(self.layers):
 
@@ -255,9 +250,8 @@ class Transformer(nnx.Module):
                 start = (0, 0, window.end, 0)
                 ks[i] = jax.lax.dynamic_update_slice(ks[i], k_new.astype(ks[i].dtype), start)
                 vs[i] = jax.lax.dynamic_update_slice(vs[i], v_new.astype(vs[i].dtype), start)
-                if block:
-                    return prefix_attention(q, ks[i], vs[i], slot_valid, query_slot, window.end + t, block)
-                return masked_attention(q, ks[i], vs[i], mask)
+                return prefix_attention(q, ks[i], vs[i], slot_valid, query_slot, window.end + t,
+                                        self.cfg.attention_block)
 
             x = layer(x, positions, inv_freq, attend)
         new_window = KVWindow(

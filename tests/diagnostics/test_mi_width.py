@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.special
 from flax import nnx
 
 from ragen_jax.diagnostics import cross_scoring
@@ -98,9 +99,7 @@ def score_tolerance(model, x, x_valid, z, z_valid, temperature):
         reasoning = z[m][z_valid[m]]
         logits = all_logits[row, len(seq) - reasoning.size - 1: len(seq) - 1]  # the positions predicting z_m
         token_tol, _ = logprob_entropy_tolerance(logits, temperature, logit_tolerance(logits, longest, depth))
-        scaled = logits / temperature
-        log_softmax = scaled - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-            - scaled.max(-1, keepdims=True)
+        log_softmax = scipy.special.log_softmax(logits / temperature, axis=-1)
         abs_logp = np.abs(log_softmax[np.arange(reasoning.size), reasoning])
         tol_sum[m, j] = token_tol.sum() + 2 * gamma(reasoning.size) * (abs_logp + token_tol).sum()
     return tol_sum, tol_sum / counts[:, None]
