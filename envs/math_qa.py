@@ -60,7 +60,8 @@ class MathQAParams(TextEnvParams):
       0 = all). data_seed: the generator's seed (the subset's for a file).
     max_label_bytes: the widest normalised label (longer ones are dropped); max_question_bytes: the
       longest question kept (0 = any); max_action_bytes: the longest answer the device checks.
-    max_steps: generated problems only: the most arithmetic steps a problem's solution takes (2-4).
+    max_steps: generated problems only: the most arithmetic steps a problem's solution takes (1-4).
+    max_number: generated problems only: the largest number in a question or its worked steps (10-99).
     """
 
     max_actions: int = 1
@@ -71,6 +72,7 @@ class MathQAParams(TextEnvParams):
     max_question_bytes: int = struct.field(pytree_node=False, default=0)
     max_action_bytes: int = struct.field(pytree_node=False, default=128)
     max_steps: int = struct.field(pytree_node=False, default=4)
+    max_number: int = struct.field(pytree_node=False, default=99)
 
 
 @struct.dataclass
@@ -103,7 +105,7 @@ class MathQAParsed:
 def item_table(params: MathQAParams) -> ItemTable:
     """The (cached) item table of these settings."""
     return load_table(params.data_path, params.num_items, params.data_seed, params.max_label_bytes,
-                      params.max_question_bytes, params.max_steps)
+                      params.max_question_bytes, params.max_steps, params.max_number)
 
 
 class MathQA(TextEnv):

@@ -6,7 +6,7 @@ demonstrations write before the answer.
 
 Sources
 -------
-- Generated (the default; no data can be downloaded at run time): grade-school word problems of 2-4
+- Generated (the default; no data can be downloaded at run time): grade-school word problems of 1-4
   arithmetic steps (+ - * and exact /) over small numbers: factors <= 9, every number in a question and
   every intermediate result in 1..99, questions <= 140 characters, so a tiny character-level model can
   learn them. Item i of seed s is drawn by ``random.Random(f"math_qa:{s}:{i}")``
@@ -77,6 +77,35 @@ class Problem:
 def _step(left: int, op: str, right: int) -> Step:
     result = {"+": left + right, "-": left - right, "*": left * right, "/": left // right}[op]
     return Step(left, op, right, result)
+
+
+def _buy_more(rng: random.Random) -> tuple[str, list[Step]]:
+    (name, he), thing = rng.choice(NAMES), rng.choice(THINGS)
+    a, b = rng.randint(3, 20), rng.randint(2, 12)
+    question = f"{name} has {a} {thing}. {he} buys {b} more. How many {thing} does {name} have now?"
+    return question, [_step(a, "+", b)]
+
+
+def _give_away(rng: random.Random) -> tuple[str, list[Step]]:
+    (name, he), thing = rng.choice(NAMES), rng.choice(THINGS)
+    a = rng.randint(5, 30)
+    c = rng.randint(1, a - 1)
+    question = f"{name} has {a} {thing}. {he} gives {c} to a friend. How many {thing} does {name} have left?"
+    return question, [_step(a, "-", c)]
+
+
+def _bags(rng: random.Random) -> tuple[str, list[Step]]:
+    (name, _), thing = rng.choice(NAMES), rng.choice(THINGS)
+    a, b = rng.randint(2, 6), rng.randint(2, 9)
+    question = f"{name} buys {a} bags with {b} {thing} in each bag. How many {thing} does {name} have?"
+    return question, [_step(a, "*", b)]
+
+
+def _share(rng: random.Random) -> tuple[str, list[Step]]:
+    (name, _), thing = rng.choice(NAMES), rng.choice(THINGS)
+    k, q = rng.randint(2, 5), rng.randint(2, 9)
+    question = f"{name} shares {k * q} {thing} equally among {k} friends. How many {thing} does each friend get?"
+    return question, [_step(k * q, "/", k)]
 
 
 def _buy_and_give(rng: random.Random) -> tuple[str, list[Step]]:
@@ -154,27 +183,40 @@ def _pens_of_birds(rng: random.Random) -> tuple[str, list[Step]]:
 
 
 TEMPLATES: tuple[Callable[[random.Random], tuple[str, list[Step]]], ...] = (
-    _buy_and_give, _bags_and_found, _share_and_lose, _boxes_more_away, _rows_broken_new, _earn_spend_earn,
+    _buy_more, _give_away, _bags, _share, _buy_and_give, _bags_and_found, _share_and_lose, _boxes_more_away, _rows_broken_new, _earn_spend_earn,
     _pens_of_birds,
 )
 
 
-# Arithmetic steps of each template's solution (2, 3 or 4).
-TEMPLATE_STEPS = (2, 2, 2, 3, 3, 4, 4)
+# Arithmetic steps of each template's solution (1 to 4).
+TEMPLATE_STEPS = (1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4)
 MAX_STEPS = max(TEMPLATE_STEPS)
 
 
-def generate_problem(seed: int, index: int, max_steps: int = MAX_STEPS) -> Problem:
-    """Problem ``index`` of ``seed``: a uniform template among those of at most ``max_steps`` steps (2-4),
-    its numbers uniform in the template's ranges. With every template allowed, item i of a seed is the
-    same whatever the table size."""
+MAX_NUMBER = 99
+MIN_MAX_NUMBER = 10  # every template has items whose numbers all stay within 10
+_DRAWS = 10_000
+
+
+def generate_problem(seed: int, index: int, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER) -> Problem:
+    """Problem ``index`` of ``seed``: a uniform template among those of at most ``max_steps`` steps (1-4),
+    its numbers uniform in the template's ranges, redrawn until every number of the question and of the
+    worked steps is at most ``max_number`` (10-99; the ranges keep them within 99, so 99 never redraws).
+    With every template allowed, item i of a seed is the same whatever the table size."""
     if not min(TEMPLATE_STEPS) <= max_steps <= MAX_STEPS:
         raise ValueError(f"math_qa max_steps must be in {min(TEMPLATE_STEPS)}..{MAX_STEPS}, got {max_steps}")
+    if not MIN_MAX_NUMBER <= max_number <= MAX_NUMBER:
+        raise ValueError(f"math_qa max_number must be in {MIN_MAX_NUMBER}..{MAX_NUMBER}, got {max_number}")
     rng = random.Random(f"math_qa:{int(seed)}:{int(index)}")
     allowed = [i for i, n in enumerate(TEMPLATE_STEPS) if n <= max_steps]
     template = allowed[rng.randrange(len(allowed))]
-    question, steps = TEMPLATES[template](rng)
-    return Problem(template, question, tuple(steps))
+    for _ in range(_DRAWS):
+        question, steps = TEMPLATES[template](rng)
+        numbers = [int(x) for x in re.findall(r"\d+", question)]
+        numbers += [n for step in steps for n in (step.left, step.right, step.result)]
+        if max(numbers) <= max_number:
+            return Problem(template, question, tuple(steps))
+    raise RuntimeError(f"math_qa template {template} drew no item within max_number={max_number} in {_DRAWS} draws")
 
 
 # ----- files -----------------------------------------------------------------------------------------
@@ -280,20 +322,22 @@ def build_table(items: Iterable[tuple[str, str | None, str]], max_label_bytes: i
     )
 
 
-def generated_items(seed: int, count: int, max_steps: int = MAX_STEPS) -> list[tuple[str, str, str]]:
-    problems = (generate_problem(seed, i, max_steps) for i in range(count))
+def generated_items(seed: int, count: int, max_steps: int = MAX_STEPS,
+                    max_number: int = MAX_NUMBER) -> list[tuple[str, str, str]]:
+    problems = (generate_problem(seed, i, max_steps, max_number) for i in range(count))
     return [(p.question, str(p.answer), p.solution) for p in problems]
 
 
 @functools.lru_cache(maxsize=8)
 def load_table(data_path: str, num_items: int, data_seed: int, max_label_bytes: int,
-               max_question_bytes: int, max_steps: int = MAX_STEPS) -> ItemTable:
+               max_question_bytes: int, max_steps: int = MAX_STEPS, max_number: int = MAX_NUMBER) -> ItemTable:
     """The table of an env's settings (cached: built once per process): ``num_items`` generated problems
-    of ``data_seed`` and at most ``max_steps`` steps when ``data_path`` is "", else the usable items of
-    the file (at most ``num_items``, 0 = all)."""
+    of ``data_seed``, at most ``max_steps`` steps and numbers up to ``max_number`` when ``data_path`` is
+    "", else the usable items of the file (at most ``num_items``, 0 = all)."""
     if not data_path:
         if num_items < 1:
             raise ValueError(f"math_qa num_items must be >= 1 for generated problems, got {num_items}")
-        return build_table(generated_items(data_seed, num_items, max_steps), max_label_bytes, max_question_bytes)
+        items = generated_items(data_seed, num_items, max_steps, max_number)
+        return build_table(items, max_label_bytes, max_question_bytes)
     _, items = read_file(os.path.expanduser(data_path))
     return build_table(items, max_label_bytes, max_question_bytes, num_items, data_seed)

@@ -60,7 +60,7 @@ from ragen_jax.setup.build import build_env, build_preset_model, build_tokenizer
 from ragen_jax.sft.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
 from ragen_jax.train.checkpoint import Checkpointer, one_line
 
-FORMAT_VERSION = 1  # bump when demos or training change in a way the settings do not capture
+FORMAT_VERSION = 2  # bump when demos or training change in a way the settings do not capture
 BUCKET = 256  # default sft.bucket: lengths are padded up to a multiple of it (one compile per length)
 LOG_EVERY = 25
 WARMUP_FRACTION = 0.1

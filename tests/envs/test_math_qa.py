@@ -49,6 +49,14 @@ def ragen_turn(response: bytes, label: str, max_actions: int = 1) -> tuple[float
 
 # Each template's text and answer, read back from the question alone.
 TEMPLATE_ANSWERS = [
+    (r"(\w+) has (\d+) (\w+)\. (?:He|She) buys (\d+) more\. How many \3 does \1 have now\?",
+     lambda g: int(g[1]) + int(g[3])),
+    (r"(\w+) has (\d+) (\w+)\. (?:He|She) gives (\d+) to a friend\. How many \3 does \1 have left\?",
+     lambda g: int(g[1]) - int(g[3])),
+    (r"(\w+) buys (\d+) bags with (\d+) (\w+) in each bag\. How many \4 does \1 have\?",
+     lambda g: int(g[1]) * int(g[2])),
+    (r"(\w+) shares (\d+) (\w+) equally among (\d+) friends\. How many \3 does each friend get\?",
+     lambda g: int(g[1]) // int(g[3]) if int(g[1]) % int(g[3]) == 0 else None),
     (r"(\w+) has (\d+) (\w+)\. (?:He|She) buys (\d+) more and gives (\d+) to a friend\. How many \3 does \1 have now\?",
      lambda g: int(g[1]) + int(g[3]) - int(g[4])),
     (r"(\w+) buys (\d+) bags with (\d+) (\w+) in each bag and finds (\d+) more\. How many \4 does \1 have\?",
@@ -170,7 +178,7 @@ def test_generator_is_deterministic_and_its_answers_are_right():
         assert all(1 <= int(x) <= 99 for x in re.findall(r"\d+", p.question)) and len(p.question) <= 140
         seen.add(template)
         assert p.answer == answer >= 1 and p.template == template
-        assert 2 <= len(p.steps) <= 4
+        assert 1 <= len(p.steps) <= 4
         for step in p.steps:  # the worked steps are true, with small numbers
             assert eval(f"{step.left} {step.op} {step.right}".replace("/", "//")) == step.result  # noqa: S307
             assert step.op != "/" or step.left % step.right == 0
@@ -182,14 +190,30 @@ def test_generator_is_deterministic_and_its_answers_are_right():
     assert table.labels == tuple(str(p.answer) for p in problems[:64])
 
 
-@pytest.mark.parametrize("max_steps", [2, 3])
+@pytest.mark.parametrize("max_steps", [1, 2, 3])
 def test_max_steps_keeps_the_shorter_templates_only(max_steps):
     problems = [generate_problem(0, i, max_steps) for i in range(600)]
     assert all(len(p.steps) <= max_steps and len(p.steps) == TEMPLATE_STEPS[p.template] for p in problems)
     assert {p.template for p in problems} == {i for i, n in enumerate(TEMPLATE_STEPS) if n <= max_steps}
     assert load_table("", 16, 0, 32, 0, max_steps).questions == tuple(p.question for p in problems[:16])
-    with pytest.raises(ValueError, match="max_steps must be in 2..4"):
-        generate_problem(0, 0, 1)
+    with pytest.raises(ValueError, match="max_steps must be in 1..4"):
+        generate_problem(0, 0, 0)
+
+
+@pytest.mark.parametrize("max_steps,max_number", [(2, 20), (4, 10)])
+def test_max_number_bounds_every_number_of_a_problem(max_steps, max_number):
+    problems = [generate_problem(0, i, max_steps, max_number) for i in range(400)]
+    for p in problems:
+        template, answer = reference_answer(p.question)
+        assert p.template == template and p.answer == answer >= 1
+        numbers = [int(x) for x in re.findall(r"\d+", p.question + " " + p.solution)]
+        assert max(numbers) <= max_number
+    assert {p.template for p in problems} == {i for i, n in enumerate(TEMPLATE_STEPS) if n <= max_steps}
+    assert [generate_problem(3, i, max_steps, 99) for i in range(50)] == [generate_problem(3, i, max_steps) for i in range(50)]
+    assert load_table("", 16, 0, 32, 0, max_steps, max_number).questions == tuple(p.question for p in problems[:16])
+    for bad in (9, 100):
+        with pytest.raises(ValueError, match="max_number must be in 10..99"):
+            generate_problem(0, 0, max_steps, bad)
 
 
 # ----- files ----------------------------------------------------------------------------------------
