@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ragen_jax import api  # noqa: E402
+from train_step import apply_overrides  # noqa: E402
 
 STEP = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
 RESPONSE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.S)
@@ -65,24 +66,17 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--batches", type=int, default=2)
     p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="config overrides of the runs (values parsed as JSON when they parse, else strings)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides of the runs")
     p.add_argument("--result", default=str(ROOT / "benchmarks" / "results" / "math_qa_diagnosis.json"))
     args = p.parse_args()
-    overrides = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
     results = []
     for run_dir in args.run_dirs:
-        config = api.load_config("math_qa", {**overrides, "run_dir": run_dir, "rollout.n_groups": args.groups,
+        config = api.load_config("math_qa", {"run_dir": run_dir, "rollout.n_groups": args.groups,
                                              "rollout.group_size": args.group_size,
                                              "rollout.temperature": args.temperature})
+        apply_overrides(config, args.set)
         policy = api.load_policy(config)
-        row = {"run_dir": run_dir, "step": policy.step, "overrides": overrides, "temperature": args.temperature,
+        row = {"run_dir": run_dir, "step": policy.step, "overrides": args.set, "temperature": args.temperature,
                **diagnose(policy, args.batches)}
         print(json.dumps(row), flush=True)
         results.append(row)

@@ -194,6 +194,13 @@ ALGORITHM_PRESETS = {
 }
 
 
+def split_options(options: str, data_option: str) -> tuple[bool, list[str]]:
+    """A task config's comma-separated options (``--config=configs/<task>.py:OPTIONS``): whether
+    ``data_option`` (the task's alternative data) is among them, and the others (algorithm presets)."""
+    names = [name for name in options.split(",") if name]
+    return data_option in names, [name for name in names if name != data_option]
+
+
 def apply_algorithm_preset(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
     """Set ``config.algorithm`` to the named main-table preset (ppo | grpo | drgrpo | dapo)."""
     if name not in ALGORITHM_PRESETS:

@@ -22,7 +22,7 @@ The differences from RAGEN-2 and the CPU choices, each measured (README "Learnin
   one width reaches loss 0.29 and 20% (T = 0.5, the same seed-0 batches).
 """
 
-from configs.base import apply_algorithm_preset, cpu_task_config
+from configs.base import apply_algorithm_preset, cpu_task_config, split_options
 
 RAGEN_DATA = {"min_count": 3, "max_count": 4, "max_number": 99, "min_target": 1, "max_target": 100}
 CPU_DATA = {"min_count": 2, "max_count": 3, "max_number": 9, "min_target": 1, "max_target": 20}
@@ -30,9 +30,8 @@ CPU_DATA = {"min_count": 2, "max_count": 3, "max_number": 9, "min_target": 1, "m
 
 def get_config(options: str = ""):
     """options: comma-separated; "ragen" selects RAGEN's data, any other is an algorithm preset."""
-    names = [name for name in options.split(",") if name]
-    data = RAGEN_DATA if "ragen" in names else CPU_DATA
-    algorithms = [name for name in names if name != "ragen"]
+    ragen, algorithms = split_options(options, "ragen")
+    data = RAGEN_DATA if ragen else CPU_DATA
     c = cpu_task_config("countdown", max_turns=1, max_new_tokens=64 if data is CPU_DATA else 96, total_steps=100,
                         env_params={"max_actions": 1, **data}, max_actions_per_turn=1)
     for name in algorithms:

@@ -25,7 +25,7 @@ validation success is where the warm start left it (3 seeds, 1,024 episodes).
   success, with a KL anchor here and without one on numbers to 99).
 """
 
-from configs.base import apply_algorithm_preset, cpu_task_config
+from configs.base import apply_algorithm_preset, cpu_task_config, split_options
 
 CPU_DATA = {"max_steps": 2, "max_number": 20}
 FULL_DATA = {"max_steps": 4, "max_number": 99}
@@ -33,13 +33,13 @@ FULL_DATA = {"max_steps": 4, "max_number": 99}
 
 def get_config(options: str = ""):
     """options: comma-separated; "full" selects the generator's full range, any other is an algorithm preset."""
-    names = [name for name in options.split(",") if name]
-    data = FULL_DATA if "full" in names else CPU_DATA
+    full, algorithms = split_options(options, "full")
+    data = FULL_DATA if full else CPU_DATA
     env_params = {"max_actions": 1, "data_path": "", "num_items": 4096, "data_seed": 0, "max_question_bytes": 0,
                   **data}
     c = cpu_task_config("math_qa", max_turns=1, max_new_tokens=96, total_steps=50, env_params=env_params,
                         max_actions_per_turn=1)
-    for name in (name for name in names if name != "full"):
+    for name in algorithms:
         apply_algorithm_preset(c, name)
     c.rollout.temperature = 0.7
     c.optim.actor_lr = 3e-5

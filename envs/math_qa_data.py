@@ -183,8 +183,8 @@ def _pens_of_birds(rng: random.Random) -> tuple[str, list[Step]]:
 
 
 TEMPLATES: tuple[Callable[[random.Random], tuple[str, list[Step]]], ...] = (
-    _buy_more, _give_away, _bags, _share, _buy_and_give, _bags_and_found, _share_and_lose, _boxes_more_away, _rows_broken_new, _earn_spend_earn,
-    _pens_of_birds,
+    _buy_more, _give_away, _bags, _share, _buy_and_give, _bags_and_found, _share_and_lose, _boxes_more_away,
+    _rows_broken_new, _earn_spend_earn, _pens_of_birds,
 )
 
 
