@@ -6,7 +6,7 @@ Every key any part of ragen_jax reads has its default here; task files (configs/
     python -m ragen_jax.main --config=configs/sokoban.py --config.trainer.total_steps=50
 
 Algorithm presets (RAGEN-2's main table) are chosen with the config string, e.g.
-``--config=configs/sokoban.py:grpo`` (ppo | grpo | drgrpo | dapo).
+``--config=configs/sokoban.py:grpo`` (ppo | grpo | drgrpo | dapo | rloo).
 The paper's filter setting is one flag away: ``--config.filter.value=0.9`` (top-p 0.9, linear mode,
 as RAGEN's README recommends); the main table used softmax mode: add ``--config.filter.top_p_mode=softmax``.
 """
@@ -85,7 +85,7 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.validation.greedy = False
 
     c.algorithm = ml_collections.ConfigDict()
-    # Preset ppo | grpo | drgrpo | dapo, chosen with the config string: --config=configs/<task>.py:grpo
+    # Preset ppo | grpo | drgrpo | dapo | rloo, chosen with the config string: --config=configs/<task>.py:grpo
     # (apply_algorithm_preset sets the keys below; --config.algorithm.* overrides still apply after it).
     c.algorithm.name = "ppo"
     c.algorithm.adv_estimator = "gae"  # gae | grpo | rloo
@@ -191,6 +191,8 @@ ALGORITHM_PRESETS = {
     "dapo": dict(adv_estimator="gae", loss_agg_mode="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28),
     "grpo": dict(adv_estimator="grpo", norm_adv_by_std=True, loss_agg_mode="seq-mean-token-mean"),
     "drgrpo": dict(adv_estimator="grpo", norm_adv_by_std=False, loss_agg_mode="seq-mean-token-sum"),
+    # verl's leave-one-out estimator, not in RAGEN-2's tables; the bandit's CPU default (configs/bandit.py).
+    "rloo": dict(adv_estimator="rloo", loss_agg_mode="seq-mean-token-mean"),
 }
 
 
@@ -202,7 +204,7 @@ def split_options(options: str, data_option: str) -> tuple[bool, list[str]]:
 
 
 def apply_algorithm_preset(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-    """Set ``config.algorithm`` to the named main-table preset (ppo | grpo | drgrpo | dapo)."""
+    """Set ``config.algorithm`` to the named preset (ppo | grpo | drgrpo | dapo | rloo)."""
     if name not in ALGORITHM_PRESETS:
         raise ConfigError(f"unknown algorithm preset {name!r} (the part after ':' in --config=FILE.py:PRESET); "
                           f"choose one of {', '.join(ALGORITHM_PRESETS)}")

@@ -45,7 +45,7 @@ def load_config(task: str, overrides: Mapping[str, Any] | None = None, *,
       task: a task name ("countdown", "frozen_lake", "sokoban", "bandit") or a path to a config file.
       overrides: dotted keys and their values, e.g. {"trainer.total_steps": 5, "rollout.temperature": 0.7}
         (the ``--config.a.b=v`` flags of the CLI).
-      preset: an algorithm preset ("ppo" | "grpo" | "drgrpo" | "dapo"), the CLI's ``configs/<task>.py:grpo``.
+      preset: an algorithm preset ("ppo" | "grpo" | "drgrpo" | "dapo" | "rloo"), the CLI's ``configs/<task>.py:grpo``.
     """
     path = task if task.endswith(".py") else str(CONFIG_DIR / f"{task}.py")
     if not os.path.isfile(path):

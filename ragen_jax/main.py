@@ -52,7 +52,7 @@ def precheck_argv(argv: list[str]) -> None:
     if any(arg.startswith("--config.algorithm.name") for arg in argv):
         raise ConfigError(
             "choose an algorithm preset with the config string, e.g. --config=configs/sokoban.py:grpo "
-            "(ppo | grpo | drgrpo | dapo); --config.algorithm.name alone would only rename the run"
+            "(ppo | grpo | drgrpo | dapo | rloo); --config.algorithm.name alone would only rename the run"
         )
 
 

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -63,11 +64,27 @@ def test_the_readme_block_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "<think>" in out or "Assistant" in out or len(out.splitlines()) > 3
 
+    # The same run read as an init="sft" run from elsewhere: its checkpoint replaces every parameter, so
+    # the warm start is neither loaded nor built (here sft.cache_dir points at no cache at all).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    as_sft = load_small("frozen_lake", {"run_dir": str(tmp_path / "runs" / "fl"), "init": "sft"})
+    reread = api.load_policy(as_sft)
+    assert reread.step == 2 and not (elsewhere / "runs").exists()
+    for a, b in zip(jax.tree.leaves(policy.state.actor), jax.tree.leaves(reread.state.actor)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
 
 def test_load_config_applies_overrides_and_presets():
     config = api.load_config(SMALL, {"trainer.total_steps": 7, "rollout.temperature": 0.5}, preset="sokoban")
     assert config.env.name == "sokoban" and config.trainer.total_steps == 7 and config.rollout.temperature == 0.5
     assert api.load_config("countdown", preset="ppo").algorithm.name == "ppo"
+    rloo = api.load_config("countdown", preset="rloo").algorithm
+    assert (rloo.name, rloo.adv_estimator) == ("rloo", "rloo")
+    bandit = api.load_config("bandit")  # RLOO unless a preset is named
+    assert bandit.algorithm.adv_estimator == "rloo"
+    assert api.load_config("bandit", preset="grpo").algorithm.adv_estimator == "grpo"
 
 
 @pytest.mark.parametrize("task, overrides, preset, words", [

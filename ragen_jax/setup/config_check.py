@@ -31,7 +31,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "env.prompt_style": ("ragen", "compact"),
     "rollout.mode": ("fused", "host"),
     "rollout.context_mode": ("full", "limited"),
-    "algorithm.name": ("ppo", "grpo", "drgrpo", "dapo"),
+    "algorithm.name": ("ppo", "grpo", "drgrpo", "dapo", "rloo"),
     "algorithm.adv_estimator": ("gae", "grpo", "rloo"),
     "algorithm.kl_type": ("kl", "mse", "low_var_kl"),
     "algorithm.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),

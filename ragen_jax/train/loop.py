@@ -97,10 +97,12 @@ class Run:
             rollout.close()
 
 
-def build_run(config) -> tuple[Run, TrainState]:
+def build_run(config, warm_start: Callable[[Any, nnx.Module], nnx.State] = load_warm_start) -> tuple[Run, TrainState]:
+    """The run of ``config`` and its initial state. ``warm_start(config, actor)``: the actor's parameters
+    when ``config.init == "sft"`` (``setup.build.build_policy``)."""
     tokenizer = build_tokenizer(config)
     env, env_params = (build_host_env(config), None) if is_host_env(config) else build_env(config)
-    actor, critic = build_policy(config, tokenizer, warm_start=load_warm_start)
+    actor, critic = build_policy(config, tokenizer, warm_start=warm_start)
     actor_graphdef, actor_params = nnx.split(actor)
     update_cfg = UpdateConfig.from_config(config)
     o = config.optim
@@ -380,17 +382,24 @@ def _update_step_of(run: Run):
 
 def load_run(config, run_dir: str) -> tuple[Run, TrainState, int]:
     """(run, state, step): the run built from ``config`` with the newest checkpoint of ``run_dir`` that
-    restores (step 0 and the initial state when there is none)."""
-    run, state = build_run(config)
+    restores (step 0 and the initial state when there is none). A run with checkpoints does not load
+    or build the warm start: the checkpoint replaces every parameter, and ``sft.cache_dir`` (relative to
+    the working directory) may not point at the run's cache from where the run is read."""
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=config.trainer.keep_checkpoints)
     step = 0
     try:
+        run, state = build_run(config, warm_start=_as_built if ckpt.all_steps() else load_warm_start)
         if ckpt.all_steps():
             tree, _, step, _ = ckpt.restore_newest(state.tree())
             state = TrainState.from_tree(tree)
     finally:
         ckpt.close()
     return run, state, step
+
+
+def _as_built(config, actor: nnx.Module) -> nnx.State:
+    """A warm start that keeps the actor's built parameters (a checkpoint restores over them)."""
+    return nnx.state(actor)
 
 
 def evaluate(config, run_dir: str) -> dict[str, float]:
