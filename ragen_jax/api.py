@@ -30,9 +30,20 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from envs.registry import HOST_REGISTRY, REGISTRY
+from ragen_jax.diagnostics.cross_scoring import cross_score, pair_metrics
+from ragen_jax.diagnostics.mi import init_marginal_std_ema
+from ragen_jax.export import export_hf
+from ragen_jax.models.config import PRESETS
+from ragen_jax.parallel import distributed
 from ragen_jax.setup import runtime
 from ragen_jax.setup.config_check import ConfigError, check_config, run_dir_of
 from ragen_jax.setup.config_file import load_config_file
+from ragen_jax.sft.warm_start import build_warm_start, read_metrics
+from ragen_jax.train.loop import mi_pairs
+from ragen_jax.train.loop import train as train_run
+from ragen_jax.train.saved_run import evaluate as evaluate_run
+from ragen_jax.train.saved_run import load_run
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -67,9 +78,6 @@ def load_config(task: str, overrides: Mapping[str, Any] | None = None, *,
             raise ConfigError(f"unknown config key {key!r}; see configs/base.py") from None
         except TypeError as e:  # ConfigDict refuses a value of another type
             raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
-    from envs.registry import HOST_REGISTRY, REGISTRY
-    from ragen_jax.models.config import PRESETS
-
     check_config(config, env_names=REGISTRY, model_presets=PRESETS, host_envs=HOST_REGISTRY)
     return config
 
@@ -81,9 +89,6 @@ def train(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None
     metrics row written to ``metrics.jsonl``, e.g. to draw live curves. Returns the run's summary: stop
     reason, wall time, the last metrics.
     """
-    from ragen_jax.parallel import distributed
-    from ragen_jax.train.loop import train as train_run
-
     runtime.use_compilation_cache(config)
     distributed.maybe_initialize(config)
     return train_run(config, run_dir_of(config), on_step=on_step)
@@ -91,8 +96,6 @@ def train(config: ml_collections.ConfigDict, on_step: Callable[[int, dict], None
 
 def evaluate(config: ml_collections.ConfigDict) -> dict[str, float]:
     """The validation metrics (``val/*``) of the run's newest checkpoint, or of the initial policy."""
-    from ragen_jax.train.loop import evaluate as evaluate_run
-
     runtime.use_compilation_cache(config)
     return evaluate_run(config, run_dir_of(config))
 
@@ -100,8 +103,6 @@ def evaluate(config: ml_collections.ConfigDict) -> dict[str, float]:
 def warm_start(config: ml_collections.ConfigDict) -> tuple[str, dict]:
     """Build (or find in ``sft.cache_dir``) the supervised warm start that ``init="sft"`` starts from;
     returns (its directory, its metrics: validation success, final loss, ...)."""
-    from ragen_jax.sft.warm_start import build_warm_start, read_metrics
-
     runtime.use_compilation_cache(config)
     path = build_warm_start(config)
     return path, {k: v for k, v in read_metrics(path).items() if k != "loss_curve"}
@@ -124,8 +125,6 @@ class Policy:
 
 def load_policy(config: ml_collections.ConfigDict) -> Policy:
     """The policy of the run's newest checkpoint that restores (step 0, the initial policy, when none)."""
-    from ragen_jax.train.loop import load_run
-
     runtime.use_compilation_cache(config)
     run, state, step = load_run(config, run_dir_of(config))
     return Policy(run, state, step)
@@ -163,10 +162,6 @@ class MIScores:
 def mi_scores(policy: Policy, strategy: str = "trajectory", seed: int = 0) -> MIScores:
     """Cross-score the (prompt, reasoning) pairs of ``strategy`` ("trajectory" | "first_turn") on one
     rollout batch of ``policy``."""
-    from ragen_jax.diagnostics.cross_scoring import cross_score, pair_metrics
-    from ragen_jax.diagnostics.mi import init_marginal_std_ema
-    from ragen_jax.train.loop import mi_pairs
-
     run, mi = policy.run, policy.run.config.mi
     pairs = mi_pairs(run, rollout(policy, seed), jax.random.key(seed + 1), strategy)
     logp_sum, logp_mean = cross_score(policy.model, pairs.x_tokens, pairs.x_valid, pairs.z_tokens, pairs.z_valid,
@@ -178,6 +173,4 @@ def mi_scores(policy: Policy, strategy: str = "trajectory", seed: int = 0) -> MI
 
 def export(config: ml_collections.ConfigDict, out_dir: str, *, overwrite: bool = False) -> str:
     """The run's newest checkpoint as a Hugging Face directory (``ragen_jax.export``); returns ``out_dir``."""
-    from ragen_jax.export import export_hf
-
     return export_hf(run_dir_of(config), out_dir, overwrite=overwrite, verbose=False)

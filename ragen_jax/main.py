@@ -25,7 +25,7 @@ from absl import app, logging
 from ml_collections import config_flags
 
 from ragen_jax.setup import runtime
-from ragen_jax.setup.config_check import ConfigError, check_config, check_override_keys, run_dir_of
+from ragen_jax.setup.config_check import CHOICES, ConfigError, check_config, check_override_keys, run_dir_of
 from ragen_jax.setup.config_file import load_config_file
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.", lock_config=True)
@@ -52,7 +52,7 @@ def precheck_argv(argv: list[str]) -> None:
     if any(arg.startswith("--config.algorithm.name") for arg in argv):
         raise ConfigError(
             "choose an algorithm preset with the config string, e.g. --config=configs/sokoban.py:grpo "
-            "(ppo | grpo | drgrpo | dapo | rloo); --config.algorithm.name alone would only rename the run"
+            f"({' | '.join(CHOICES['algorithm.name'])}); --config.algorithm.name alone would only rename the run"
         )
 
 

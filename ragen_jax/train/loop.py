@@ -378,36 +378,3 @@ def trace_counts(run: Run) -> dict[str, int]:
 def _update_step_of(run: Run):
     """The run's ``UpdateStep`` (inside a ``ShardedUpdateStep`` on a mesh)."""
     return getattr(run.update_step, "inner", run.update_step)
-
-
-def load_run(config, run_dir: str) -> tuple[Run, TrainState, int]:
-    """(run, state, step): the run built from ``config`` with the newest checkpoint of ``run_dir`` that
-    restores (step 0 and the initial state when there is none). A run with checkpoints does not load
-    or build the warm start: the checkpoint replaces every parameter, and ``sft.cache_dir`` (relative to
-    the working directory) may not point at the run's cache from where the run is read."""
-    ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), keep=config.trainer.keep_checkpoints)
-    step = 0
-    try:
-        run, state = build_run(config, warm_start=_as_built if ckpt.all_steps() else load_warm_start)
-        if ckpt.all_steps():
-            tree, _, step, _ = ckpt.restore_newest(state.tree())
-            state = TrainState.from_tree(tree)
-    finally:
-        ckpt.close()
-    return run, state, step
-
-
-def _as_built(config, actor: nnx.Module) -> nnx.State:
-    """A warm start that keeps the actor's built parameters (a checkpoint restores over them)."""
-    return nnx.state(actor)
-
-
-def evaluate(config, run_dir: str) -> dict[str, float]:
-    """Validation rollouts of the latest checkpoint in ``run_dir`` (or of the initial policy when none)."""
-    run, state, step = load_run(config, run_dir)
-    try:
-        metrics = validate(run, state.actor, step)
-    finally:
-        run.close()
-    metrics["checkpoint_step"] = float(step)
-    return metrics
