@@ -15,6 +15,6 @@ from configs.base import cpu_task_config
 
 def get_config(algorithm: str = ""):
     c = cpu_task_config("sokoban", max_turns=5, max_new_tokens=120, total_steps=40,
-                        env_params={"max_actions": 10}, algorithm=algorithm)
+                        env_params={"max_actions": 10}, algorithm=algorithm, micro_batch_size=4)
     c.rollout.format_penalty = -1.0
     return c

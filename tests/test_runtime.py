@@ -173,3 +173,46 @@ def test_keep_freed_memory_reuses_the_temporary_buffer_instead_of_faulting_it_in
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["applied"] is True and out["again"] is False and out["async_dispatch"] is False
     assert max(out["faults"]) < 16384 // 4, out["faults"]
+
+
+_RELEASE_SCRIPT = """
+import json, os
+from ragen_jax.setup import compile_memory, runtime
+kept = runtime.keep_freed_memory()  # glibc: keep freed memory, as the CLI does without tcmalloc
+import jax, jax.numpy as jnp
+compile_memory.MIN_COMPILE_S = 0.0  # this small program compiles in well under the CLI's threshold
+def rss_mb():
+    return int(dict(l.split(":", 1) for l in open("/proc/self/status"))["VmRSS"].split()[0]) / 1024
+compile_memory.watch_compiles()
+compile_memory.watch_compiles()  # a second registration does nothing
+x = jnp.ones((4096, 256), jnp.float32)
+step = jax.jit(lambda x: (jnp.tanh(x @ x.T) @ x).sum(axis=0))  # a 64 MB [4096, 4096] temporary per call
+step(x).block_until_ready()
+before = rss_mb()
+released = compile_memory.release_if_compiled()
+after = rss_mb()
+step(x).block_until_ready()
+print(json.dumps({"kept": kept, "released": released, "drop_mb": before - after,
+                  "again": compile_memory.release_if_compiled()}))
+"""
+
+
+@pytest.mark.parametrize("allocator", ["tcmalloc", "glibc"])
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64", reason="glibc on Linux")
+def test_release_if_compiled_hands_the_freed_temporary_back_once(allocator):
+    """After a compile and a call whose 64 MB temporary the allocator keeps, release_if_compiled returns
+    the free memory to the OS (the resident size drops by at least half the temporary); a second call
+    with no compile in between does nothing (False)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.pop(TCMALLOC_ENV, None)
+    if allocator == "tcmalloc":
+        if not os.path.isfile(LIB):
+            pytest.skip(f"{LIB} is not installed")
+        env["LD_PRELOAD"] = LIB
+    proc = subprocess.run([sys.executable, "-c", _RELEASE_SCRIPT], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["kept"] is (allocator == "glibc")
+    assert out["released"] is True and out["again"] is False
+    assert out["drop_mb"] > 32, out

@@ -23,9 +23,10 @@ kernel's). Freed blocks stay mapped and the next step reuses them. Measured on C
 (60 steps, 2 cores): 43.6 s and 0.54M minor page faults against 53-57 s and 7.5M with glibc's defaults
 (43.1 s with tcmalloc); with four threads that allocated before (as in a notebook kernel) 41.5 s against
 51.3 s, where the arena setting alone gave 49.7 s. RL steps of the same task gained less (2.2 s against
-2.3-2.5 s per step: their buffers are smaller). Like tcmalloc, the process then keeps its peak memory until
-it exits. It only works before JAX starts (the first ``jax.devices()`` or computation) and then does
-nothing. ``RAGEN_JAX_TCMALLOC=0`` leaves glibc's defaults too.
+2.3-2.5 s per step: their buffers are smaller). Like tcmalloc, the process then keeps the memory its
+steps freed (``setup.compile_memory`` hands back what a compile leaves). It only works before JAX starts
+(the first ``jax.devices()`` or computation) and then does nothing. ``RAGEN_JAX_TCMALLOC=0`` leaves
+glibc's defaults too.
 
 Compilation cache. Compiling the rollout, update and validation programs is most of a short run's
 start-up; JAX can keep the compiled programs on disk and a second run with the same shapes loads them
