@@ -7,9 +7,10 @@ of 96 tokens (RAGEN's 8 x 16 x 400 tokens and PPO stay one flag away: --config=c
 
 Where it differs from the other tasks' CPU defaults, each measured (README "Learning"):
 - 600 supervised steps (``sft.steps``; 120 elsewhere). Every demonstration's reasoning restates the
-  prompt's "P (r, c) G (r, c)"; with 120 or 360 steps the warm start restates it right in about 1% of
-  first turns (chance level) and solves 0.27 / 0.20 of the validation episodes at T=0.5, with 600 it
-  restates it in most and solves 0.42-0.45 (``benchmarks/grid_diagnosis.py``).
+  prompt's "P (r, c) G (r, c)"; the warm start restates it right in 0.00 / 0.12 / 0.80 of first turns
+  with 120 / 360 / 600 steps and solves 0.18 / 0.20 / 0.42 of 128 validation episodes at T=0.5
+  (``benchmarks/grid_diagnosis.py``). RL does not yet improve it: after 40 steps -0.027, +0.078, -0.008
+  (seeds 0-2, 256 episodes; README "Learning").
 - Rollouts at temperature 0.7 (``rollout.temperature``; RAGEN: 1.0) and actor lr 3e-5 (``optim.actor_lr``),
   as Countdown's and the bandit's: from the 600-step warm start, lr 1e-4 lowered validation success on
   every seed within 10 steps (0.45 / 0.43 / 0.45 -> 0.39 / 0.36 / 0.28).
