@@ -88,3 +88,21 @@ def test_a_resumed_writer_replaces_the_repeated_steps_in_tensorboard(tmp_path):
     w.close()
     assert _tensorboard_series(os.path.join(run, "tb"), "a") == {0: [0.0], 1: [1.0], 2: [2.0], 3: [30.0], 4: [40.0],
                                                                   5: [50.0]}
+
+
+def test_the_trainer_does_not_import_pytorch():
+    """tensorboardX's writer imports PyTorch whenever it is installed (about 0.4 GB resident); the
+    trainer's modules import tensorboardX without it, and a process that imported torch itself keeps it."""
+    import subprocess
+    import sys
+
+    script = ("import sys, importlib.util, ragen_jax.main, ragen_jax.api, ragen_jax.train.metrics as m; "
+              "print(m.SummaryWriter is not None, any(k.split('.')[0] == 'torch' for k in sys.modules), "
+              "importlib.util.find_spec('torch') is not None)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    writer, imported, installed = out.stdout.split()
+    assert writer == "True" and imported == "False", out.stdout
+    if installed == "True":
+        script = "import torch, ragen_jax.train.metrics as m; print(m.SummaryWriter is not None, 'torch' in __import__('sys').modules)"
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+        assert out.stdout.split() == ["True", "True"], out.stdout

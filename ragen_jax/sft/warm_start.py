@@ -57,7 +57,7 @@ from ragen_jax.rl.optim import in_float32
 from ragen_jax.rollout.layout import rollout_config
 from ragen_jax.rollout.validation import run_validation
 from ragen_jax.setup.build import build_env, build_preset_model, build_tokenizer, model_overrides
-from ragen_jax.setup.compile_memory import release_if_compiled, watch_compiles
+from ragen_jax.setup.compile_memory import release_after_compiles
 from ragen_jax.sft.demos import DemoEpisode, DemoWriter, demo_seeds, demo_stats
 from ragen_jax.train.checkpoint import Checkpointer, one_line
 
@@ -252,7 +252,6 @@ def train_on_demos(
         tokens, valid, mask = batches.next()
         params, opt_state, loss, norm = step(params, opt_state, tokens, valid, mask)
         losses.append(float(loss))
-        release_if_compiled()  # a new bucket width compiled: its memory would add to the next one's
         norms.append(float(norm))
         tokens_seen += int(valid.sum())
         if not np.isfinite(losses[-1]):
@@ -307,7 +306,6 @@ def validate_params(parts: Parts, params: nnx.State, episodes: int, temperature:
             model, parts.tokenizer, parts.env, parts.rollout, params, jax.random.key(seed),
             n_seeds=episodes, seeds_per_batch=min(seeds_per_batch, episodes), greedy=greedy,
             temperature=temperature, env_params=parts.env_params)
-        release_if_compiled()
         out[name] = dict(metrics, temperature=0.0 if greedy else float(temperature))
     return out
 
@@ -421,7 +419,7 @@ def _build(config: Any, log: Callable[[str], None] | None, final: str) -> None:
         shutil.rmtree(final)
     settings = SFTSettings.from_config(config)
     parts = build_parts(config)
-    watch_compiles()
+    release_after_compiles()
     params, metrics = train_sft(config, log, parts)
     if settings.val_episodes:
         t0 = time.time()

@@ -53,7 +53,7 @@ from ragen_jax.rollout.host_stepped import HostRollout
 from ragen_jax.rollout.layout import RolloutConfig, rollout_config
 from ragen_jax.rollout.validation import episode_metrics, validation_metrics, validation_rollouts
 from ragen_jax.setup.build import build_env, build_host_env, build_policy, build_tokenizer, is_host_env
-from ragen_jax.setup.compile_memory import release_if_compiled, watch_compiles
+from ragen_jax.setup.compile_memory import release_after_compiles
 from ragen_jax.sft.warm_start import load_warm_start
 from ragen_jax.train.checkpoint import Checkpointer, PreemptionGuard
 from ragen_jax.train.early_stop import EarlyStop
@@ -171,7 +171,6 @@ def validate(run: Run, params, step: int) -> dict[str, float]:
     key = jax.random.fold_in(jax.random.key(cfg.seed + 7919), step)
     trajs = validation_rollouts(run.val_rollout, params, key, cfg.validation.episodes, r.val_temperature,
                                 r.val_greedy)
-    release_if_compiled()
     metrics = {f"val/{k}": v for k, v in validation_metrics(trajs, group_size=1).items()}
     if r.mode == "host":
         metrics.update(host_error_metrics(trajs, "val"))
@@ -216,7 +215,6 @@ def training_step(run: Run, state: TrainState, step: int, base_key) -> tuple[Tra
     t0 = time.time()
     traj = _block(run.rollout.run(state.actor, k_roll, run.rollout_cfg.train_seeds(step - 1)))
     metrics["timing/rollout_s"] = time.time() - t0
-    release_if_compiled()  # each phase's first call compiles; its memory would add to the next one's
     check_finite_rewards(np.asarray(traj.episode_reward), "episode rewards")
     metrics.update(rollout_metrics(traj))
     if run.rollout_cfg.mode == "host":
@@ -228,13 +226,11 @@ def training_step(run: Run, state: TrainState, step: int, base_key) -> tuple[Tra
         state = state.replace(mi_ema=mi_ema)
         metrics.update(_block(mi_metrics))
         metrics["timing/mi_s"] = time.time() - t1
-        release_if_compiled()
 
     t2 = time.time()
     result = run.update_step(state, traj, k_upd)  # filter -> plan -> score -> advantages -> critic, actor
     _block(result.metrics)
     metrics["timing/update_s"] = time.time() - t2
-    release_if_compiled()
     metrics.update(result.metrics)
     metrics["timing/step_s"] = time.time() - t0
     metrics["throughput/generated_tokens_per_s"] = metrics["train/generated_tokens"] / max(
@@ -330,7 +326,7 @@ def train(config, run_dir: str, on_step: Callable[[int, dict], None] | None = No
     """
     t_start = time.time()
     is_main = distributed.is_main_process()
-    watch_compiles()
+    release_after_compiles()
     run, state, ckpt, start, early, gate = open_run(config, run_dir, is_main)
     recorder = StepRecorder(run_dir, config, start, is_main, on_step)
     guard = PreemptionGuard()
