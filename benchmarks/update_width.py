@@ -11,6 +11,7 @@ average, the longest row ~1,000). Update steps on the same batch and parameters 
                  rounded up to a bucket width, attention scores still materialised
   bucket+blocks  the defaults: also blockwise causal attention (``models/attention.causal_attention``)
   +remat         the defaults and ``algorithm.remat``: each block recomputed in the backward pass
+  micro2, micro8 the defaults with ``algorithm.micro_batch_size`` 2 or 8 rows per forward / backward pass
 For each: from the compiled program (``jax.jit(...).lower(...).compile()``), XLA's temp memory
 (``memory_analysis().temp_size_in_bytes``), ``cost_analysis()`` FLOPs and bytes accessed (XLA counts a
 while loop's body once: they are one micro-batch's, and for the blockwise variants leave out all but one
@@ -85,6 +86,8 @@ VARIANTS = {  # config overrides of each side; "attention_block" goes to model.o
     "bucket": {"attention_block": 0},
     "bucket+blocks": {},
     "+remat": {"algorithm.remat": True},
+    "micro2": {"algorithm.micro_batch_size": 2},
+    "micro8": {"algorithm.micro_batch_size": 8},
 }
 
 

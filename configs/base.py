@@ -34,6 +34,7 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.sft.noisy_fraction = 0.3  # share of episodes with one random suboptimal turn
     c.sft.steps = 120  # AdamW steps (tiny preset, FrozenLake: about 5 min on 2 CPU cores)
     c.sft.batch_size = 16  # whole episodes per step
+    c.sft.micro_batch_size = 4  # episodes per forward / backward pass (same gradient up to rounding, a quarter of the memory)
     c.sft.bucket = 256  # batch lengths round up to a multiple of this (one compile per length; a batch is one length)
     c.sft.lr = 1e-3  # peak learning rate (10% warm-up, cosine decay to 10%)
     c.sft.val_episodes = 64  # held-out validation episodes per decoding mode after training (0: skip)

@@ -76,6 +76,26 @@ def test_sft_loss_is_the_response_cross_entropy(episodes):
     np.testing.assert_allclose(float(loss), numpy_cross_entropy(model, tokens, valid, mask), rtol=1e-5)
 
 
+def test_micro_batches_give_the_whole_batch_step_up_to_rounding(episodes):
+    """The step sums (loss sum, token count, gradient) over micro-batches and divides once: loss and
+    gradient norm equal the whole batch's within float32 summation round-off (a few ulps of the
+    per-token terms, far below 1e-5 relative), and so do the parameters after one AdamW step except
+    where a gradient component is itself at round-off level (Adam's first step moves every weight by
+    about lr, its sign the gradient's), hence the comparison through the loss after the step."""
+    model = small_model()
+    graphdef, params = nnx.split(model)
+    tx = sft.make_optimizer(1e-3, 10)
+    batch = tuple(map(jnp.asarray, sft.DemoBatches(episodes, batch_size=4, pad_id=TOK.pad_id, seed=2).next()))
+    results = {}
+    for micro in (4, 2, 1):
+        step = sft.make_train_step(graphdef, tx, micro)
+        p, _, loss, norm = step(jax.tree.map(jnp.copy, params), tx.init(params), *batch)
+        results[micro] = (float(loss), float(norm), float(sft.sft_loss(nnx.merge(graphdef, p), *batch)[0]))
+    np.testing.assert_allclose(results[4][0], numpy_cross_entropy(model, *map(np.asarray, batch)), rtol=1e-5)
+    for micro in (2, 1):
+        np.testing.assert_allclose(results[micro], results[4], rtol=1e-5)
+
+
 def test_a_few_steps_lower_the_loss_and_compile_once_per_bucket(episodes):
     model = small_model()
     settings = sft.SFTSettings(demos=len(episodes), steps=12, batch_size=4, lr=3e-3, bucket=16)
@@ -103,6 +123,10 @@ def test_bad_settings_raise_clear_errors():
     config = get_config()
     config.sft.lr = 0.0
     with pytest.raises(ValueError, match="sft.lr"):
+        sft.SFTSettings.from_config(config)
+    config = get_config()
+    config.sft.micro_batch_size = 3
+    with pytest.raises(ValueError, match="sft.micro_batch_size .3. must divide sft.batch_size .16."):
         sft.SFTSettings.from_config(config)
     with pytest.raises(ValueError, match="noisy_fraction"):
         DemoWriter(FrozenLake(), None, TOK, RolloutConfig(max_new_tokens=96, prompt_style="compact")).write(
@@ -143,6 +167,7 @@ def test_key_covers_the_settings_that_change_the_warm_start(tmp_path):
     other = cache_config(tmp_path)
     other.sft.cache_dir = str(tmp_path / "elsewhere")
     other.seed = 7  # the RL seed: every RL seed starts from the same warm start
+    other.sft.micro_batch_size = 2  # the same gradient up to rounding
     assert sft.warm_start_key(other) == key
 
 

@@ -8,8 +8,10 @@ is good but not perfect and RL has room to improve.
 
 Training (``train_sft``): ``sft.demos`` demonstration episodes in the rollout's exact token layout;
 ``sft.steps`` AdamW steps (global-norm clip 1.0, weight decay 0.01, linear warm-up over the first 10%
-of the steps, cosine decay to 10% of ``sft.lr``) of ``sft.batch_size`` whole episodes each. The loss is
-the cross-entropy of the response tokens given everything before them:
+of the steps, cosine decay to 10% of ``sft.lr``) of ``sft.batch_size`` whole episodes each, whose
+gradient is summed over micro-batches of ``sft.micro_batch_size`` episodes (a ``lax.scan``: the working
+memory of one micro-batch, not of the batch). The loss is the cross-entropy of the response tokens given
+everything before them:
 
     loss = - sum_{b,t} mask[b,t] * log p(tokens[b,t] | tokens[b,<t]) / sum_{b,t} mask[b,t]
 
@@ -19,8 +21,9 @@ compiles once per bucket and short episodes do not pay for long ones.
 
 Cache (``build_warm_start``): ``sft.cache_dir/<env>-<hash>/`` where the hash covers everything that
 changes the result (env name and params, prompt style, max actions per turn, max turns and response
-width, chat template, model preset, overrides and dtype, tokenizer, every ``sft.*`` setting but the cache dir:
-sft.seed included, the RL seed not). It holds ``checkpoint/`` (orbax, the parameters), ``sft_metrics.json`` (training curve,
+width, chat template, model preset, overrides and dtype, tokenizer, every ``sft.*`` setting but the cache dir
+and the micro-batch size, which changes the result only by float rounding: sft.seed included, the RL seed
+not). It holds ``checkpoint/`` (orbax, the parameters), ``sft_metrics.json`` (training curve,
 demo statistics, validation success greedy and at the validation temperature) and ``COMPLETE``. It is
 written into a temporary sibling directory and renamed into place, so an interrupted build is never
 picked up; a directory without ``COMPLETE`` is rebuilt. A complete one whose contents do not load
@@ -53,6 +56,7 @@ from flax import nnx
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
 from ragen_jax.parallel.distributed import nonfinite_leaves
+from ragen_jax.rl.losses import Weighted, weighted_mean
 from ragen_jax.rl.optim import in_float32
 from ragen_jax.rollout.layout import rollout_config
 from ragen_jax.rollout.validation import run_validation
@@ -68,6 +72,9 @@ WARMUP_FRACTION = 0.1
 FINAL_LR_FRACTION = 0.1
 WEIGHT_DECAY = 0.01
 GRAD_CLIP = 1.0
+# Episodes per forward / backward pass of a step. At FrozenLake's longest bucket (16 x 1,024 tokens, the
+# tiny preset) the whole batch needs 1.99 GB of XLA temp memory, micro-batches of 4 about a quarter.
+DEFAULT_MICRO_BATCH = 4
 DEFAULT_VAL_EPISODES = 64
 COMPLETE_MARKER = "COMPLETE"
 METRICS_FILE = "sft_metrics.json"
@@ -86,16 +93,20 @@ class SFTSettings:
     val_episodes: int = DEFAULT_VAL_EPISODES
     seed: int = 0
     bucket: int = BUCKET
+    micro_batch_size: int = DEFAULT_MICRO_BATCH
 
     @classmethod
     def from_config(cls, config: Any) -> "SFTSettings":
         s = config.sft
         out = cls(int(s.demos), float(s.noisy_fraction), int(s.steps), int(s.batch_size), float(s.lr),
                   int(s.get("val_episodes", DEFAULT_VAL_EPISODES)), int(s.get("seed", 0)),
-                  int(s.get("bucket", BUCKET)))
-        for name in ("demos", "steps", "batch_size", "bucket"):
+                  int(s.get("bucket", BUCKET)), int(s.get("micro_batch_size", DEFAULT_MICRO_BATCH)))
+        for name in ("demos", "steps", "batch_size", "bucket", "micro_batch_size"):
             if getattr(out, name) < 1:
                 raise ValueError(f"sft.{name} must be >= 1, got {getattr(out, name)}")
+        if out.batch_size % min(out.micro_batch_size, out.batch_size):
+            raise ValueError(f"sft.micro_batch_size ({out.micro_batch_size}) must divide sft.batch_size "
+                             f"({out.batch_size})")
         if not out.lr > 0:
             raise ValueError(f"sft.lr must be > 0, got {out.lr}")
         if out.val_episodes < 0:
@@ -179,15 +190,20 @@ class DemoBatches:
         return tokens, valid, mask
 
 
-def sft_loss(model: Transformer, tokens: jax.Array, valid: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(mean cross-entropy over the loss-mask tokens f32[], number of those tokens int32[]).
+def sft_loss_sum(model: Transformer, tokens: jax.Array, valid: jax.Array, loss_mask: jax.Array) -> Weighted:
+    """Weighted(sum of the loss-mask tokens' cross-entropies f32[], number of those tokens f32[]).
 
     tokens: int32[B, L]; valid, loss_mask: bool[B, L] (see the module docstring for the formula).
     """
     logp, _ = sequence_logprobs(model, tokens, valid)
     mask = (loss_mask & valid).astype(jnp.float32)
-    count = jnp.sum(mask)
-    return -jnp.sum(logp * mask) / jnp.maximum(count, 1.0), count.astype(jnp.int32)
+    return Weighted(-jnp.sum(logp * mask), jnp.sum(mask))
+
+
+def sft_loss(model: Transformer, tokens: jax.Array, valid: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(mean cross-entropy over the loss-mask tokens f32[], number of those tokens int32[])."""
+    w = sft_loss_sum(model, tokens, valid, loss_mask)
+    return weighted_mean(w), w.count.astype(jnp.int32)
 
 
 def make_optimizer(lr: float, steps: int) -> optax.GradientTransformation:
@@ -199,20 +215,34 @@ def make_optimizer(lr: float, steps: int) -> optax.GradientTransformation:
                                   optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=WEIGHT_DECAY)))
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation) -> Callable:
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                    micro_batch_size: int = DEFAULT_MICRO_BATCH) -> Callable:
     """jitted (params, opt_state, tokens, valid, loss_mask) -> (params, opt_state, loss, grad_norm).
 
+    The batch's rows are split into micro-batches of ``micro_batch_size`` (it must divide B; B itself
+    when larger); a ``lax.scan`` sums each one's Weighted(sum, count) loss and its gradient, and the step
+    divides both by the batch's token count, so loss and gradient are the batch's mean up to rounding.
     Parameters and optimizer state are arguments (donated), so a new batch never recompiles; only a
     new bucket length does. ``step.trace_count`` counts traces.
     """
 
     def step(params, opt_state, tokens, valid, loss_mask):
         step.trace_count += 1
+        micro = min(micro_batch_size, tokens.shape[0])
+        split = lambda x: x.reshape((-1, micro) + x.shape[1:])  # noqa: E731  [B, L] -> [B / micro, micro, L]
 
-        def loss_fn(p):
-            return sft_loss(nnx.merge(graphdef, p), tokens, valid, loss_mask)[0]
+        def micro_step(total, batch):
+            def loss_sum(p):
+                w = sft_loss_sum(nnx.merge(graphdef, p), *batch)
+                return w.sum, w.count
 
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+            (loss, count), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
+            return jax.tree.map(jnp.add, total, (Weighted(loss, count), grads)), None
+
+        zero = (Weighted(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)), jax.tree.map(jnp.zeros_like, params))
+        (total, grad_sum), _ = jax.lax.scan(micro_step, zero, (split(tokens), split(valid), split(loss_mask)))
+        loss = weighted_mean(total)
+        grads = jax.tree.map(lambda g: g / jnp.maximum(total.count, 1.0), grad_sum)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, loss, optax.tree.norm(grads)
@@ -244,7 +274,7 @@ def train_on_demos(
     params = jax.tree.map(jnp.copy, params)  # the step donates its parameters; keep the caller's model intact
     tx = make_optimizer(settings.lr, settings.steps)
     opt_state = tx.init(params)
-    step = make_train_step(graphdef, tx)
+    step = make_train_step(graphdef, tx, settings.micro_batch_size)
     batches = DemoBatches(episodes, settings.batch_size, pad_id, seed, settings.bucket)
     losses, norms, tokens_seen = [], [], 0
     start = time.time()
@@ -319,7 +349,7 @@ def _plain(value: Any) -> Any:
 
 def warm_start_key(config: Any) -> str:
     """"<env>-<16 hex digits>": a hash of every setting that changes the warm start."""
-    sft = {k: v for k, v in _plain(config.sft).items() if k != "cache_dir"}
+    sft = {k: v for k, v in _plain(config.sft).items() if k not in ("cache_dir", "micro_batch_size")}
     material = {
         "version": FORMAT_VERSION,
         "env": {"name": config.env.name, "prompt_style": config.env.prompt_style,
