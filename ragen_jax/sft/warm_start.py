@@ -56,7 +56,7 @@ from flax import nnx
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
 from ragen_jax.parallel.distributed import nonfinite_leaves
-from ragen_jax.rl.losses import Weighted, weighted_mean
+from ragen_jax.rl.losses import Weighted, accumulate, weighted_mean
 from ragen_jax.rl.optim import in_float32
 from ragen_jax.rollout.layout import rollout_config
 from ragen_jax.rollout.validation import run_validation
@@ -237,9 +237,11 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                 return w.sum, w.count
 
             (loss, count), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
-            return jax.tree.map(jnp.add, total, (Weighted(loss, count), grads)), None
+            return accumulate(total, (Weighted(loss, count), jax.tree.map(lambda g: g.astype(jnp.float32), grads))), None
 
-        zero = (Weighted(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)), jax.tree.map(jnp.zeros_like, params))
+        # gradients sum in float32 whatever the parameter dtype (bf16 sums over micro-batches would drift)
+        zero = (Weighted(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
+                jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params))
         (total, grad_sum), _ = jax.lax.scan(micro_step, zero, (split(tokens), split(valid), split(loss_mask)))
         loss = weighted_mean(total)
         grads = jax.tree.map(lambda g: g / jnp.maximum(total.count, 1.0), grad_sum)
