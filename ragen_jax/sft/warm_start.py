@@ -237,7 +237,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                 return w.sum, w.count
 
             (loss, count), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
-            return accumulate(total, (Weighted(loss, count), jax.tree.map(lambda g: g.astype(jnp.float32), grads))), None
+            grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+            return accumulate(total, (Weighted(loss, count), grads)), None
 
         # gradients sum in float32 whatever the parameter dtype (bf16 sums over micro-batches would drift)
         zero = (Weighted(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
