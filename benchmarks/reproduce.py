@@ -1,12 +1,14 @@
 """RAGEN-2's claims at small scale, one resumable command per study (GitHub issue 19).
 
-    python benchmarks/reproduce.py STUDY [--quick] [--seeds 0 1 2] [--out-dir runs/reproduce] [--set KEY=VALUE ...]
+    python benchmarks/reproduce.py STUDY [--quick] [--seeds 0 1 2] [--task countdown] [--out-dir runs/reproduce]
+                                         [--set KEY=VALUE ...]
     python benchmarks/reproduce.py report          # docs/reproduction.md from benchmarks/results/reproduce_*.json
 
 STUDY (RAGEN-2, arXiv 2604.06268):
   filter      top-p 0.9 linear vs softmax vs no filter (filter.value=1.0) on sokoban, frozen_lake and slippery
               frozen_lake (env.params.success_rate=0.8, 20 % slip; fig6), 3 seeds (main table, fig8)
-  top_p       filter.value in {1.0, 0.98, 0.9, 0.6} (softmax mode, as the paper's sweep) on sokoban, 2 seeds (fig9)
+  top_p       filter.value in {1.0, 0.98, 0.9, 0.6} (softmax mode, as the paper's sweep) on sokoban, 2 seeds (fig9);
+              p=1.0 and p=0.9 reuse the filter study's no_filter and top_p_softmax runs when it ran them
   predictors  Spearman / Pearson (bootstrap 95 % CI) of each MI- and entropy-family metric with validation
               success over every (run, validation step) of the other studies (fig10); runs nothing
   collapse    a strong entropy bonus (algorithm.entropy_coeff=0.01, ten times the paper's collapsing 0.003;
@@ -20,6 +22,11 @@ Each run is ``python -m ragen_jax.main --config=<task config> --config.<override
 skipped, and one that was cut off resumes from its checkpoint when the command is run again. After every
 run ``<results-dir>/reproduce_<study>.json`` gets the settings, seeds, wall times, validation curves,
 the (validation, predictor) points and the MI / entropy curves of the runs so far.
+
+``--task countdown`` runs every study on Countdown instead (its CPU default is the one that RL improves,
+README "Learning", and a run takes about 6 minutes on 2 cores); each study's JSON records its tasks and holds
+the runs of its last invocation. A run with the same flags as a finished run of another study (the top-p
+sweep's p=1.0 and p=0.9) is not trained twice: its ``<name>.args.json`` next to the log says what it ran.
 
 ``--quick``: tests/configs/small.py's tiny model and batches, 4 steps, 1 seed: a smoke test of the
 tooling (minutes for ``all``); its numbers are no reproduction, and it keeps its runs, results and report
@@ -54,6 +61,7 @@ TASKS = {  # task label -> (config task name, overrides)
     "sokoban": ("sokoban", ()),
     "frozen_lake": ("frozen_lake", ()),
     "frozen_lake_slippery": ("frozen_lake", ("env.params.success_rate=0.8",)),
+    "countdown": ("countdown", ()),
 }
 # tests/configs/small.py's model and batches, a few steps: every code path of a study in seconds per run.
 QUICK = ("trainer.total_steps=4", "validation.every=2", "mi.every=2", "trainer.checkpoint_every=2")
@@ -76,18 +84,23 @@ class RunSpec:
         return f"{self.task}-{self.condition}-seed{self.seed}"
 
 
-def study_runs(study: str, seeds: list[int] | None) -> list[RunSpec]:
-    """The study's runs in execution order (seeds innermost last, so an early stop leaves whole conditions)."""
+def study_runs(study: str, seeds: list[int] | None, task: str | None = None) -> list[RunSpec]:
+    """The study's runs in execution order (seeds innermost last, so an early stop leaves whole conditions);
+    ``task`` (a TASKS label) replaces the study's own task or tasks."""
     def grid(study, tasks, conditions, default_seeds):
-        return [RunSpec(study, task, cond, (*TASKS[task][1], *over), seed)
-                for seed in (seeds or default_seeds) for task in tasks for cond, over in conditions.items()]
+        return [RunSpec(study, t, cond, (*TASKS[t][1], *over), seed)
+                for seed in (seeds or default_seeds) for t in ((task,) if task else tasks)
+                for cond, over in conditions.items()]
 
     if study == "filter":
         return grid("filter", ("sokoban", "frozen_lake", "frozen_lake_slippery"),
                     {"no_filter": NO_FILTER, "top_p_linear": TOP_P_LINEAR, "top_p_softmax": TOP_P_SOFTMAX}, [0, 1, 2])
     if study == "top_p":
-        return grid("top_p", ("sokoban",), {f"p={p}": (f"filter.value={p}", "filter.top_p_mode=softmax")
-                                            for p in ("1.0", "0.98", "0.9", "0.6")}, [0, 1])
+        # p=1.0 and p=0.9 are the filter study's no_filter and top_p_softmax runs, flag for flag, so a
+        # run that study finished is reused (``find_finished``).
+        sweep = {"p=1.0": NO_FILTER, "p=0.98": ("filter.value=0.98", "filter.top_p_mode=softmax"),
+                 "p=0.9": TOP_P_SOFTMAX, "p=0.6": ("filter.value=0.6", "filter.top_p_mode=softmax")}
+        return grid("top_p", ("sokoban",), sweep, [0, 1])
     if study == "collapse":
         strong_entropy = ("algorithm.entropy_coeff=0.01",)
         return grid("collapse", ("sokoban",), {"no_filter": (*strong_entropy, *NO_FILTER),
@@ -135,14 +148,28 @@ def probes_complete(probes: Path, checkpoints: Path) -> bool:
     return {0} | saved <= done
 
 
+def find_finished(args: list[str], out_dir: Path) -> tuple[Path, Path] | None:
+    """(run_dir, log) of a finished run of any study under ``out_dir`` trained with exactly ``args``."""
+    for flags in sorted(out_dir.glob("*/*.args.json")):
+        log = flags.with_name(flags.name.removesuffix(".args.json") + ".log")
+        if json.loads(flags.read_text()) == args and finished_summary(log) is not None:
+            return log.with_suffix(""), log
+    return None
+
+
 def execute(spec: RunSpec, out_dir: Path, quick: bool, extra: list[str], runner=run_command) -> dict:
-    """Train one run (skipped when its log holds the trainer's summary) and return its record."""
+    """Train one run (skipped when its log, or the log of another study's run with the same flags, holds
+    the trainer's summary) and return its record."""
     run_dir, log = out_dir / spec.study / spec.name, out_dir / spec.study / f"{spec.name}.log"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     args = config_args(spec, quick, extra)
     summary = finished_summary(log)
+    if summary is None and spec.study != "gradients" and (found := find_finished(args, out_dir)):
+        run_dir, log = found
+        summary = finished_summary(log)
     skipped = summary is not None
     if not skipped:
+        (out_dir / spec.study / f"{spec.name}.args.json").write_text(json.dumps(args))
         runner(["-m", "ragen_jax.main", *args, f"--config.run_dir={run_dir}"], log)
         summary = finished_summary(log)
         if summary is None:
@@ -170,11 +197,11 @@ def write_json(path: Path, data: dict) -> None:
 
 def run_study(study: str, a, runner=run_command) -> dict:
     """Run (or resume) a training study, writing its results JSON after every run."""
-    specs = study_runs(study, a.seeds or ([0] if a.quick else None))[: a.limit]
+    specs = study_runs(study, a.seeds or ([0] if a.quick else None), a.task)[: a.limit]
     out_dir = Path(a.out_dir).resolve()
     result = {"study": study, "quick": a.quick, "command": " ".join(["python benchmarks/reproduce.py", *sys.argv[1:]]),
               "platform": platform.platform(), "cpu_count": os.cpu_count(), "extra_overrides": a.set,
-              "seeds": sorted({s.seed for s in specs}), "runs": []}
+              "tasks": sorted({s.task for s in specs}), "seeds": sorted({s.seed for s in specs}), "runs": []}
     path = Path(a.results_dir) / f"reproduce_{study}.json"
     for i, spec in enumerate(specs, 1):
         print(f"[{study} {i}/{len(specs)}] {spec.name} ...", flush=True)
@@ -215,6 +242,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny model, 4 steps, 1 seed: a smoke test, not a reproduction")
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="replace every study's seeds")
     p.add_argument("--limit", type=int, default=None, help="run only the first N runs of each study")
+    p.add_argument("--task", choices=sorted(TASKS), default=None,
+                   help="run every study on this task instead of its own (countdown: the CPU default RL improves)")
     # --quick has its own defaults: a finished quick run must never be skipped as a finished full one,
     # nor its numbers overwrite the full results or the committed report.
     p.add_argument("--out-dir", default=None, help="runs/reproduce (--quick: runs/reproduce_quick)")

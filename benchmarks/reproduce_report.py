@@ -21,7 +21,8 @@ import reproduce_verdicts as V
 
 PAPER = {
     "filter": "Main table (PPO, Qwen2.5-3B, top-p 0.9, 400 steps), validation success %: Sokoban 12.9 -> 28.9 "
-              "(+16.0), FrozenLake 67.0 -> 77.9 (+10.9). Fig. 6 (FrozenLake, 20 % slip, i.e. success_rate 0.8): "
+              "(+16.0), FrozenLake 67.0 -> 77.9 (+10.9), Countdown 97.9 (+0.0); with GRPO, Countdown 95.7 -> "
+              "97.9 (+2.2). Fig. 6 (FrozenLake, 20 % slip, i.e. success_rate 0.8): "
               "top-p 0.68 vs no filter 0.40.",
     "top_p": "Fig. 9 (Sokoban, softmax top-p), validation success at step 400: p=1.0 0.139, p=0.98 0.365, "
              "p=0.9 0.309, p=0.6 0.186; sweet spot p in [0.8, 0.98], p <= 0.6 too aggressive.",
@@ -192,6 +193,8 @@ def render(results_dir: Path, doc: Path) -> str:
                          "that the tooling runs; no verdict can be drawn from them.", ""]
             command = data.get("command") or f"python benchmarks/reproduce.py {study}"
             body += [f"**Command.** `{command}`", ""]
+            if data.get("tasks"):
+                body += [f"Tasks: {', '.join(data['tasks'])}.", ""]
             walls = [r["wall_s"] for r in data.get("runs", []) if r.get("wall_s")]
             if walls:
                 body += [f"Runs: {len(walls)}, seeds {data.get('seeds')}, trainer wall time {sum(walls) / 60:.1f} min "

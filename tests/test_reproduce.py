@@ -241,6 +241,39 @@ def test_a_finished_run_is_skipped(tmp_path):
     assert saved["runs"][0]["points"][0]["actor/entropy"] == 1.0
 
 
+def test_a_task_replaces_every_studys_task():
+    for study in ("filter", "top_p", "collapse", "gradients"):
+        runs = reproduce.study_runs(study, [0], task="countdown")
+        assert runs and {r.task for r in runs} == {"countdown"}
+        assert reproduce.config_args(runs[0], quick=False, extra=[])[0] == "--config=configs/countdown.py"
+    assert len(reproduce.study_runs("filter", None, task="countdown")) == 9
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["filter", "--task", "cartpole"])
+
+
+def test_a_run_another_study_finished_with_the_same_flags_is_reused(tmp_path):
+    calls = []
+
+    def fake_runner(args, log):
+        calls.append(args)
+        run_dir = Path(next(a for a in args if a.startswith("--config.run_dir=")).split("=", 1)[1])
+        _write_metrics(run_dir, [{"step": 0, "val/success": 0.25}, {"step": 2, "val/success": 0.5}])
+        log.write_text(json.dumps({"run_dir": str(run_dir), "stop_reason": "completed", "wall_time_s": 3.0}, indent=2))
+
+    common = ["--quick", "--task", "countdown", "--out-dir", str(tmp_path / "runs"),
+              "--results-dir", str(tmp_path / "results")]
+    reproduce.run_study("filter", reproduce.parse_args(["filter", *common]), runner=fake_runner)
+    assert len(calls) == 3  # no_filter, top_p_linear, top_p_softmax
+    sweep = reproduce.run_study("top_p", reproduce.parse_args(["top_p", *common]), runner=fake_runner)
+    trained = [Path(a.split("=", 1)[1]).name for args in calls[3:] for a in args if a.startswith("--config.run_dir=")]
+    assert sorted(trained) == ["countdown-p=0.6-seed0", "countdown-p=0.98-seed0"]
+    by_condition = {r["condition"]: r for r in sweep["runs"]}
+    assert by_condition["p=1.0"]["skipped"] and by_condition["p=1.0"]["run_dir"].endswith("filter/countdown-no_filter-seed0")
+    assert by_condition["p=0.9"]["run_dir"].endswith("filter/countdown-top_p_softmax-seed0")
+    assert [list(p) for p in by_condition["p=0.9"]["val_curve"]] == [[0, 0.25], [2, 0.5]]
+    assert sweep["tasks"] == ["countdown"]
+
+
 def test_the_gradient_probe_runs_once_per_checkpoint(tmp_path):
     calls = []
 
