@@ -215,8 +215,9 @@ def run_study(study: str, a, runner=run_command) -> dict:
 
 
 def run_predictors(a) -> dict:
-    """Correlations over every (run, validation) point of the training studies' results found."""
-    points, sources, quick = [], [], False
+    """Correlations over every (run, validation) point of the training studies' results found; a run that
+    several studies share (the top-p sweep reuses the filter study's) counts once."""
+    points, sources, quick, seen = [], [], False, set()
     for study in TRAIN_STUDIES:
         path = Path(a.results_dir) / f"reproduce_{study}.json"
         if path.exists():
@@ -224,6 +225,9 @@ def run_predictors(a) -> dict:
             sources.append(study)
             quick |= data["quick"]
             for run in data["runs"]:
+                if run["run_dir"] in seen:
+                    continue
+                seen.add(run["run_dir"])
                 points += [{**p, "run": run["name"], "study": study} for p in run["points"]]
     keys = sorted({k for p in points for k, v in p.items() if v is not None and A.family_of(k)})
     table = A.correlation_table(points, keys, n_boot=a.n_boot, seed=0)

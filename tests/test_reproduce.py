@@ -272,6 +272,8 @@ def test_a_run_another_study_finished_with_the_same_flags_is_reused(tmp_path):
     assert by_condition["p=0.9"]["run_dir"].endswith("filter/countdown-top_p_softmax-seed0")
     assert [list(p) for p in by_condition["p=0.9"]["val_curve"]] == [[0, 0.25], [2, 0.5]]
     assert sweep["tasks"] == ["countdown"]
+    predictors = reproduce.run_predictors(reproduce.parse_args(["predictors", *common, "--n-boot", "10"]))
+    assert predictors["num_runs"] == 5 and predictors["num_points"] == 10  # the two reused runs count once
 
 
 def test_the_gradient_probe_runs_once_per_checkpoint(tmp_path):
@@ -302,15 +304,15 @@ def test_the_gradient_probe_runs_once_per_checkpoint(tmp_path):
 
 
 # ---------------------------------------------------------------- for real, at the smoke size
-@pytest.mark.slow  # ~3 min on 2 CPU cores: 4 tiny training runs, one gradient probe, the report
+@pytest.mark.slow  # minutes on 2 CPU cores: 3 tiny training runs, one gradient probe, the report
 def test_all_quick_for_real(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     doc = tmp_path / "docs" / "reproduction.md"
     proc = subprocess.run([sys.executable, "benchmarks/reproduce.py", "all", "--quick", "--limit", "1",
                            "--out-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results"),
                            "--doc", str(doc), "--n-boot", "50"],
-                          # A guard against a hang, not a speed check: the quick studies train 5 runs and take
-                          # 6.7 minutes on a quiet 2-core machine, and more than 15 while other jobs share it.
+                          # A guard against a hang, not a speed check: the quick studies took 6.7 minutes on a
+                          # quiet 2-core machine with one more run, and more than 15 while other jobs shared it.
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for study in ("filter", "top_p", "collapse", "gradients", "predictors"):
@@ -320,6 +322,7 @@ def test_all_quick_for_real(tmp_path):
     probes = grads["runs"][0]["probes"]
     assert [p["step"] for p in probes] == [0, 2, 4] and "grad_norm/all/task" in probes[0]
     pred = json.loads((tmp_path / "results" / "reproduce_predictors.json").read_text())
-    assert pred["num_runs"] == 4 and pred["table"]
+    # filter, collapse and gradients each train one run; top_p's first run (p=1.0) is filter's no_filter run
+    assert pred["num_runs"] == 3 and pred["table"]
     text = doc.read_text()
     assert text.count("no verdict (quick smoke size)") >= 5
