@@ -13,8 +13,8 @@ The differences from RAGEN-2 and the CPU choices, each measured (README "Learnin
 - Rollouts sample at temperature 0.7 (RAGEN: 1.0) and the actor learning rate is 3e-5 (the other CPU
   tasks: 1e-4): with 1.0 and 1e-4 the tiny model's samples leave the answer format and RL takes the
   format apart faster than it learns the task (the bandit measurements in the README).
-- 100 RL steps: validation success is flat for the first 30 and rises after (0.296 -> 0.341 at step 50,
-  0.426 at step 100, 3 seeds).
+- 100 RL steps: validation success 0.335 -> 0.440 (3 seeds, 256 episodes; +0.102, +0.047, +0.168), most of
+  it in the first 20 steps.
 - The warm start trains 600 supervised steps (the other tasks: 120): the arithmetic needs them. A 300-step
   schedule ends at loss 0.29-0.30 and the success it reaches hangs on float rounding: sft seed 0 built by
   two versions of the code (the same batches, the losses equal to 3 digits at step 75) solved 0.20 and
