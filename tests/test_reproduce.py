@@ -161,6 +161,9 @@ def test_collapse_and_gradient_verdicts():
     runs += [_run("sokoban", "top_p_linear", s, 0.3, "collapse", curves((0.8, 0.7 + 0.01 * s), (1.0, 0.9)))
              for s in range(2)]
     assert V.verdict(V.collapse_checks(runs)) == "reproduced"
+    held = [_run("sokoban", c, s, 0.3, "collapse", curves((1.0, 1.0), (1.0, 1.0 + 0.01 * s)))
+            for c in ("no_filter", "top_p_linear") for s in range(2)]
+    assert V.verdict(V.collapse_checks(held)) == "not reproduced"  # no collapse: MI and entropy both hold
     probe = {"step": 1, **{f"grad_norm/bucket_{i}/task": float(i) for i in range(1, 7)},
              **{f"grad_norm/bucket_{i}/entropy": 2.0 + 0.01 * (i % 2) for i in range(1, 7)}}
     trend = A.gradient_trend([probe], "task")
