@@ -151,9 +151,10 @@ def probes_complete(probes: Path, checkpoints: Path) -> bool:
 def find_finished(args: list[str], out_dir: Path) -> tuple[Path, Path] | None:
     """(run_dir, log) of a finished run of any study under ``out_dir`` trained with exactly ``args``."""
     for flags in sorted(out_dir.glob("*/*.args.json")):
-        log = flags.with_name(flags.name.removesuffix(".args.json") + ".log")
+        name = flags.name.removesuffix(".args.json")
+        log = flags.with_name(f"{name}.log")
         if json.loads(flags.read_text()) == args and finished_summary(log) is not None:
-            return log.with_suffix(""), log
+            return flags.with_name(name), log
     return None
 
 
@@ -164,7 +165,7 @@ def execute(spec: RunSpec, out_dir: Path, quick: bool, extra: list[str], runner=
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     args = config_args(spec, quick, extra)
     summary = finished_summary(log)
-    if summary is None and spec.study != "gradients" and (found := find_finished(args, out_dir)):
+    if summary is None and (found := find_finished(args, out_dir)):
         run_dir, log = found
         summary = finished_summary(log)
     skipped = summary is not None
