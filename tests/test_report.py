@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ragen_jax.train.report import ENTROPY, MI, REWARD_STD, VAL_SUCCESS, summary_lines, warning_signs
+from ragen_jax.train.report import (ENTROPY, MI, REWARD_STD, VAL_EPISODES, VAL_SUCCESS, change_vs_noise, summary_lines,
+                                    warning_signs)
 
 
 
@@ -39,3 +40,12 @@ def test_summary_names_success_before_and_after_and_the_files(tmp_path):
     assert any(line.startswith("curves: ") and line.endswith("plots") for line in lines)
     assert any(line.startswith("sample conversations: ") for line in lines)
     assert not any(line.startswith("metrics: ") for line in lines)  # no metrics.jsonl in this directory
+
+
+def test_summary_weighs_the_change_against_two_standard_errors(tmp_path):
+    rows = [{"step": 0, VAL_SUCCESS: 0.25, VAL_EPISODES: 400.0}, {"step": 10, VAL_SUCCESS: 0.5, VAL_EPISODES: 400.0}]
+    lines = summary_lines(str(tmp_path), rows)
+    # 2 * sqrt(0.25 * 0.75 / 400 + 0.5 * 0.5 / 400) = 2 * sqrt(0.4375 / 400) = 0.0661
+    assert lines[1] == "validation success change +0.250, beyond two standard errors (0.066; 400 and 400 episodes)"
+    assert change_vs_noise(0.25, 400, 0.3, 400).startswith("change +0.050, within two standard errors (0.063;")
+    assert len(summary_lines(str(tmp_path), [{k: v for k, v in r.items() if k != VAL_EPISODES} for r in rows])) == 1

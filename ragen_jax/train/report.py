@@ -20,6 +20,7 @@ REWARD_STD = "rollout/in_group_reward_std"
 MI = "collapse_trajectory_sample/mi_estimate"
 ENTROPY = "actor/entropy"
 VAL_SUCCESS = "val/success"
+VAL_EPISODES = "val/num_episodes"
 
 
 def _series(rows: list[dict], key: str) -> list[tuple[int, float]]:
@@ -49,14 +50,26 @@ def warning_signs(rows: list[dict], window: int = 5, mi_drop: float = 0.5,
     return out
 
 
+def change_vs_noise(v0: float, n0: float, v1: float, n1: float) -> str:
+    """The change of a validation success rate against two standard errors of the difference of two
+    independent binomial estimates, 2 * sqrt(p0 (1 - p0) / n0 + p1 (1 - p1) / n1)."""
+    two_se = 2.0 * math.sqrt(v0 * (1.0 - v0) / n0 + v1 * (1.0 - v1) / n1)
+    verdict = "beyond" if abs(v1 - v0) > two_se else "within"
+    return f"change {v1 - v0:+.3f}, {verdict} two standard errors ({two_se:.3f}; {n0:.0f} and {n1:.0f} episodes)"
+
+
 def summary_lines(run_dir: str, rows: list[dict]) -> list[str]:
-    """The end-of-run report: validation success first vs last, the warning signs, the files to look at."""
+    """The end-of-run report: validation success first vs last (and the change against the validation's
+    sampling noise), the warning signs, the files to look at."""
     lines = []
     val = _series(rows, VAL_SUCCESS)
     if len(val) >= 2:
         (s0, v0), (s1, v1) = val[0], val[-1]
         start = "before RL" if s0 == 0 else f"step {s0}"
         lines.append(f"validation success: {v0:.3f} ({start}) -> {v1:.3f} (step {s1})")
+        episodes = dict(_series(rows, VAL_EPISODES))
+        if episodes.get(s0, 0) > 0 and episodes.get(s1, 0) > 0:
+            lines.append(f"validation success {change_vs_noise(v0, episodes[s0], v1, episodes[s1])}")
     elif val:
         lines.append(f"validation success: {val[0][1]:.3f} (step {val[0][0]})")
     lines += warning_signs(rows)
