@@ -66,7 +66,8 @@ TASKS = {  # task label -> (config task name, overrides)
     "countdown": ("countdown", ("validation.every=10", "validation.episodes=256")),
 }
 # tests/configs/small.py's model and batches, a few steps: every code path of a study in seconds per run.
-QUICK = ("trainer.total_steps=4", "validation.every=2", "validation.episodes=2", "mi.every=2", "trainer.checkpoint_every=2")
+QUICK = ("trainer.total_steps=4", "validation.every=2", "validation.episodes=2", "mi.every=2",
+         "trainer.checkpoint_every=2")
 GRADIENT_CHECKPOINTS = ("trainer.checkpoint_every=10", "trainer.keep_checkpoints=1000")
 
 

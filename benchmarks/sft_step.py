@@ -15,7 +15,6 @@ benchmarks/results/sft_step_<env>.json.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -27,16 +26,10 @@ import jax
 from flax import nnx
 
 from ragen_jax.setup.build import build_preset_model
+from ragen_jax.setup.config_file import load_config_file
 from ragen_jax.sft import warm_start as W
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_config(path: str):
-    spec = importlib.util.spec_from_file_location("task_config", ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def time_variant(config, parts, demos, settings, micro: int, block: int, steps: int) -> dict:
@@ -72,7 +65,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     a = p.parse_args()
     variants = [tuple(int(x) for x in v.split(":")) for v in a.variants]
-    config = load_config(a.config)
+    config = load_config_file(str(ROOT / a.config))
     parts = W.build_parts(config)
     settings = W.SFTSettings.from_config(config)
     demos = W.write_demos(parts, settings, settings.seed)
