@@ -4,14 +4,17 @@ A task config's update step (``train.loop.build_run``: the tiny preset, the conf
 micro-batch sizes, its estimator) runs on one batch of synthetic episodes, right-padded to the rollout's
 static width (``Rollout.layout.cache_len``) as a rollout leaves them, with row lengths drawn uniformly from
 ``--lengths LO HI`` (default 700..1000: FrozenLake's warm-started rollouts hold 874 valid tokens per row on
-average, the longest row ~1,000). Update steps on the same batch and parameters (``--variants``, default all):
+average, the longest row ~1,000). Update steps on the same batch and parameters (``--variants``, default all);
+all but the last with ``algorithm.pack_rows=False`` (one episode per row):
   static         ``algorithm.width_buckets=1``, ``attention_block=0``: the program runs over every slot of
                  the static width and keeps every block's [B, H, T, T] attention scores for the backward pass
   bucket         ``width_buckets=8`` (the default), ``attention_block=0``: rows cropped to the longest row
                  rounded up to a bucket width, attention scores still materialised
-  bucket+blocks  the defaults: also blockwise causal attention (``models/attention.causal_attention``)
-  +remat         the defaults and ``algorithm.remat``: each block recomputed in the backward pass
-  micro2, micro8 the defaults with ``algorithm.micro_batch_size`` 2 or 8 rows per forward / backward pass
+  bucket+blocks  also blockwise causal attention (``models/attention.causal_attention``)
+  +remat         bucket+blocks and ``algorithm.remat``: each block recomputed in the backward pass
+  micro2, micro8 bucket+blocks with ``algorithm.micro_batch_size`` 2 or 8 rows per forward / backward pass
+  packed         the defaults: bucket+blocks with each mini-batch's rows packed (``rl/packing.py``), empty
+                 micro-batches skipped
 For each: from the compiled program (``jax.jit(...).lower(...).compile()``), XLA's temp memory
 (``memory_analysis().temp_size_in_bytes``), ``cost_analysis()`` FLOPs and bytes accessed (XLA counts a
 while loop's body once: they are one micro-batch's, and for the blockwise variants leave out all but one
@@ -22,6 +25,7 @@ benchmarks/results/update_width_<env>.json.
     .venv/bin/python benchmarks/update_width.py                                  # FrozenLake default
     .venv/bin/python benchmarks/update_width.py --config configs/sokoban.py
     .venv/bin/python benchmarks/update_width.py --variants bucket bucket+blocks   # without the slow static side
+    .venv/bin/python benchmarks/update_width.py --variants bucket+blocks packed --lengths 150 1000
 """
 
 from __future__ import annotations
@@ -81,13 +85,15 @@ def synthetic_batch(rows: int, width: int, turns: int, lengths: np.ndarray, voca
     )
 
 
+ROWS = {"algorithm.pack_rows": False}
 VARIANTS = {  # config overrides of each side; "attention_block" goes to model.overrides (a ModelConfig field)
-    "static": {"algorithm.width_buckets": 1, "attention_block": 0},
-    "bucket": {"attention_block": 0},
-    "bucket+blocks": {},
-    "+remat": {"algorithm.remat": True},
-    "micro2": {"algorithm.micro_batch_size": 2},
-    "micro8": {"algorithm.micro_batch_size": 8},
+    "static": {**ROWS, "algorithm.width_buckets": 1, "attention_block": 0},
+    "bucket": {**ROWS, "attention_block": 0},
+    "bucket+blocks": ROWS,
+    "+remat": {**ROWS, "algorithm.remat": True},
+    "micro2": {**ROWS, "algorithm.micro_batch_size": 2},
+    "micro8": {**ROWS, "algorithm.micro_batch_size": 8},
+    "packed": {},
 }
 
 

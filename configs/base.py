@@ -118,6 +118,10 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     # activations: same numbers, ~30% more update compute. Off: on the tiny preset (4 layers) it saves
     # only 3% of the update's memory (benchmarks/update_width.py); deep models are where it pays.
     c.algorithm.remat = False
+    # Each mini-batch's rows are packed side by side into as few rows of the update's width as hold them
+    # (rl/packing.py: attention and positions per episode, the losses count each episode as one sequence),
+    # and micro-batches left empty are skipped: the same gradient up to float rounding, fewer rows to run.
+    c.algorithm.pack_rows = True
 
     c.filter = ml_collections.ConfigDict()
     c.filter.metric = "reward_std"  # reward_std | reward_var | reward_mean | reward_sum

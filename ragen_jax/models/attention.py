@@ -18,6 +18,8 @@ blocks of ``block`` tokens with an online softmax, skips the key blocks above th
 custom VJP recomputes each block's probabilities from the saved row log-sum-exp, so what it keeps is
 O(B H T D). Same numbers as ``masked_attention`` with the causal mask up to float32 rounding (the
 softmax is normalised per block and the sums run in a different order).
+With segment ids (sequences packed side by side in one row, ``rl/packing.py``) a query also skips the
+keys of every other sequence.
 
 Forward (FlashAttention-2, Dao 2023, Algorithm 1), for query block i over key blocks j <= i:
     s = q_i k_j^T / sqrt(D), masked to -1e30
@@ -109,32 +111,43 @@ def _walk_key_blocks(q, k, v, slot_valid, query_slot, length, block):
     return (acc / l[..., None]).astype(q.dtype)
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, block: int) -> jax.Array:
-    """Attention of a sequence to itself, query t seeing key s iff s <= t and key_valid[:, s].
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, block: int,
+                     segments: jax.Array | None = None) -> jax.Array:
+    """Attention of a sequence to itself, query t seeing key s iff s <= t, key_valid[:, s] and (with
+    ``segments``) segments[:, s] == segments[:, t].
 
     q: [B, K, G, T, D]; k, v: [B, K, T, D]; key_valid: bool[B, T]; block (static): tokens per query /
-    key block. T is padded up to a multiple of ``block`` (padding keys invalid, padding queries
-    dropped), so a block larger than T attends in one block.
+    key block; segments: int32[B, T] or None, which of the sequences packed into a row each position
+    belongs to (``segment_mask``). T is padded up to a multiple of ``block`` (padding keys invalid,
+    padding queries dropped), so a block larger than T attends in one block.
     """
     t = q.shape[3]
     block = max(1, min(block, t))
     pad = -t % block
+    segments = jnp.zeros(key_valid.shape, jnp.int32) if segments is None else segments.astype(jnp.int32)
     if pad:
         q = jnp.pad(q, [(0, 0)] * 3 + [(0, pad), (0, 0)])
         k = jnp.pad(k, [(0, 0), (0, 0), (0, pad), (0, 0)])
         v = jnp.pad(v, [(0, 0), (0, 0), (0, pad), (0, 0)])
         key_valid = jnp.pad(key_valid, [(0, 0), (0, pad)])
-    out = _blockwise(q, k, v, key_valid, block)
+        segments = jnp.pad(segments, [(0, 0), (0, pad)])
+    out = _blockwise(q, k, v, key_valid, segments, block)
     return out[:, :, :, :t]
 
 
-def _block_scores(q_i, k_j, key_valid_j, i, j, block):
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+    """bool[B, T, S]: query t and key s belong to the same packed sequence (int32[B, T], int32[B, S])."""
+    return query_segments[:, :, None] == key_segments[:, None, :]
+
+
+def _block_scores(q_i, k_j, key_valid_j, seg_i, seg_j, i, j, block):
     """f32[B, K, G, block, block] masked scores of query block i against key block j."""
     s = jnp.einsum("bkgtd,bksd->bkgts", q_i, k_j, preferred_element_type=jnp.float32)
     s = s / math.sqrt(q_i.shape[-1])
     q_pos = i * block + jnp.arange(block)
     k_pos = j * block + jnp.arange(block)
     mask = (k_pos[None, :] <= q_pos[:, None])[None] & key_valid_j[:, None, :]  # [B, block, block]
+    mask = mask & segment_mask(seg_i, seg_j)
     return jnp.where(mask[:, None, None], s, MASKED)
 
 
@@ -142,18 +155,20 @@ def _slice_t(x, start, size, axis):
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-def _forward(q, k, v, key_valid, block):
+def _forward(q, k, v, key_valid, segments, block):
     """(out [B, K, G, Tp, D] in q's dtype, lse f32[B, K, G, Tp])."""
     n = q.shape[3] // block
 
     def query_block(i):
         q_i = _slice_t(q, i * block, block, 3)
+        seg_i = _slice_t(segments, i * block, block, 1)
         shape = q_i.shape[:-1]
 
         def key_block(j, carry):
             m, l, acc = carry
             k_j, v_j = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
-            s = _block_scores(q_i, k_j, _slice_t(key_valid, j * block, block, 1), i, j, block)
+            s = _block_scores(q_i, k_j, _slice_t(key_valid, j * block, block, 1), seg_i,
+                              _slice_t(segments, j * block, block, 1), i, j, block)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.exp(s - m_new[..., None])
             scale = jnp.exp(m - m_new)
@@ -172,18 +187,18 @@ def _forward(q, k, v, key_valid, block):
     return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _blockwise(q, k, v, key_valid, block):
-    return _forward(q, k, v, key_valid, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _blockwise(q, k, v, key_valid, segments, block):
+    return _forward(q, k, v, key_valid, segments, block)[0]
 
 
-def _blockwise_fwd(q, k, v, key_valid, block):
-    out, lse = _forward(q, k, v, key_valid, block)
-    return out, (q, k, v, key_valid, out, lse)
+def _blockwise_fwd(q, k, v, key_valid, segments, block):
+    out, lse = _forward(q, k, v, key_valid, segments, block)
+    return out, (q, k, v, key_valid, segments, out, lse)
 
 
 def _blockwise_bwd(block, residuals, d_out):
-    q, k, v, key_valid, out, lse = residuals
+    q, k, v, key_valid, segments, out, lse = residuals
     n = q.shape[3] // block
     scale = 1.0 / math.sqrt(q.shape[-1])
     d_out = d_out.astype(jnp.float32)
@@ -192,12 +207,13 @@ def _blockwise_bwd(block, residuals, d_out):
     def key_block(dq, j):
         k_j, v_j = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
         valid_j = _slice_t(key_valid, j * block, block, 1)
+        seg_j = _slice_t(segments, j * block, block, 1)
 
         def query_block(i, carry):
             dk, dv, dq = carry
             q_i = _slice_t(q, i * block, block, 3)
             do_i = _slice_t(d_out, i * block, block, 3)
-            s = _block_scores(q_i, k_j, valid_j, i, j, block)
+            s = _block_scores(q_i, k_j, valid_j, _slice_t(segments, i * block, block, 1), seg_j, i, j, block)
             p = jnp.exp(s - _slice_t(lse, i * block, block, 3)[..., None])
             dv = dv + jnp.einsum("bkgts,bkgtd->bksd", p, do_i)
             dp = jnp.einsum("bkgtd,bksd->bkgts", do_i, v_j.astype(jnp.float32))
@@ -213,7 +229,7 @@ def _blockwise_bwd(block, residuals, d_out):
     dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(n))
     dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape)  # [n, B, K, block, D] -> [B, K, Tp, D]
     dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)

@@ -70,22 +70,28 @@ class Critic(nnx.Module):
         critic.value_head.bias.set_value(jnp.zeros_like(critic.value_head.bias[...]))
         return critic
 
-    def state_values(self, tokens: jax.Array, valid: jax.Array, remat: bool = False) -> jax.Array:
+    def state_values(self, tokens: jax.Array, valid: jax.Array, remat: bool = False,
+                     segments: jax.Array | None = None) -> jax.Array:
         """Value of the state after reading each token: head(hidden_t). tokens int32[B, L] -> f32[B, L].
-        remat (static): see ``Transformer.__call__``."""
-        hidden, _ = self.backbone(tokens, valid, return_hidden=True, remat=remat)
+        remat (static), segments (packed sequences): see ``Transformer.__call__``."""
+        hidden, _ = self.backbone(tokens, valid, return_hidden=True, remat=remat, segments=segments)
         return self.value_head(hidden.astype(jnp.float32))[..., 0]
 
-    def __call__(self, tokens: jax.Array, valid: jax.Array, remat: bool = False) -> jax.Array:
-        """verl-aligned values: values[b, t] = state_values[b, prev_valid(t)], 0 where there is none.
+    def __call__(self, tokens: jax.Array, valid: jax.Array, remat: bool = False,
+                 segments: jax.Array | None = None) -> jax.Array:
+        """verl-aligned values: values[b, t] = state_values[b, prev_valid(t)], 0 where there is none
+        (or, with ``segments``, where the previous valid position belongs to another sequence).
 
         tokens: int32[B, L]; valid: bool[B, L]. Returns f32[B, L] (see the module docstring).
         """
         valid = valid.astype(bool)
-        per_state = self.state_values(tokens, valid, remat)
+        per_state = self.state_values(tokens, valid, remat, segments)
         prev = previous_valid_index(valid)
         aligned = jnp.take_along_axis(per_state, jnp.maximum(prev, 0), axis=1)
-        return jnp.where(valid & (prev >= 0), aligned, 0.0)
+        scored = valid & (prev >= 0)
+        if segments is not None:
+            scored = scored & (jnp.take_along_axis(segments, jnp.maximum(prev, 0), axis=1) == segments)
+        return jnp.where(scored, aligned, 0.0)
 
 
 __all__ = ["Critic", "previous_valid_index"]

@@ -68,7 +68,7 @@ def chunked_token_logprobs(
 
 def sequence_logprobs(
     model, tokens: jax.Array, valid: jax.Array, temperature: jax.Array | float = 1.0, chunk: int = 128,
-    remat: bool = False,
+    remat: bool = False, segments: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced next-token log-probs of whole sequences that may contain padding anywhere.
 
@@ -76,9 +76,10 @@ def sequence_logprobs(
     logp[b, t] = log p(tokens[b, t] | the valid tokens of row b before t), predicted from the hidden
     state of the previous *valid* position (so holes left by padding are skipped, exactly as in the
     KV-cache path). Zero where t is padding or the first valid token of its row. remat (static): see
-    ``Transformer.__call__`` (for gradients through this function; same values).
+    ``Transformer.__call__`` (for gradients through this function; same values). segments: int32[B, L]
+    or None, sequences packed into the rows (``Transformer.__call__``): "row" above then reads "sequence".
     """
-    hidden, _ = model(tokens, valid, return_hidden=True, remat=remat)
+    hidden, _ = model(tokens, valid, return_hidden=True, remat=remat, segments=segments)
     length = tokens.shape[1]
     index = jnp.arange(length)
     last_valid = jax.lax.cummax(jnp.where(valid, index, -1), axis=1)
@@ -86,4 +87,6 @@ def sequence_logprobs(
     hidden_prev = jnp.take_along_axis(hidden, jnp.maximum(prev, 0)[..., None], axis=1)
     logp, entropy = chunked_token_logprobs(hidden_prev, tokens, model.lm_logits, temperature, chunk)
     scored = valid & (prev >= 0)
+    if segments is not None:  # a sequence's first token is not predicted from the one packed before it
+        scored = scored & (jnp.take_along_axis(segments, jnp.maximum(prev, 0), axis=1) == segments)
     return jnp.where(scored, logp, 0.0), jnp.where(scored, entropy, 0.0)

@@ -7,12 +7,16 @@ cache); there is no second implementation to keep in sync.
     logits, cache = model(tokens, valid, cache=cache)  # append T tokens to the cache
     logits, window = model(tokens, valid, cache=window)  # the same on a KVWindow (decode loops)
     hidden, cache = model(tokens, valid, cache=cache, return_hidden=True)
+    logits, _ = model(tokens, valid, segments=segments)  # several sequences packed into each row
     logits = model.lm_logits(hidden)                   # float32 logits from final hidden states
 
 tokens: int32[B, T]; valid: bool[B, T] marks real tokens (padding may sit anywhere: left, right or in
 holes). RoPE positions count valid tokens only: position of token t in row b = (tokens already in the
 cache for row b) + (number of valid tokens before t), so padding never shifts positions and a
-left-padded prompt gets the same logits as the unpadded one.
+left-padded prompt gets the same logits as the unpadded one. segments: int32[B, T] (no cache), the
+packed sequence each position belongs to, as contiguous runs of one id (``rl/packing.py``): a token
+attends only to its own sequence and its position counts from that sequence's start, so each sequence
+gets the logits it would get in a row of its own.
 
 Block: x + Attn(RMSNorm(x)), then h + SwiGLU(RMSNorm(h)).
 Attention: grouped-query, q/k/v bias when ``cfg.qkv_bias`` (Qwen2), softmax in float32; a sequence
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ragen_jax.models.attention import causal_attention, masked_attention, prefix_attention
+from ragen_jax.models.attention import causal_attention, masked_attention, prefix_attention, segment_mask
 from ragen_jax.models.config import ModelConfig, RopeScaling
 from ragen_jax.models.kv_cache import KVCache, KVWindow, close_window, filled_columns, open_window
 
@@ -52,6 +56,14 @@ def _llama3_scale(inv_freq: jax.Array, s: RopeScaling) -> jax.Array:
     blended = (1 - smooth) * scaled / s.factor + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return jnp.where(is_medium, blended, scaled)
+
+
+def segment_start_counts(counted: jax.Array, valid: jax.Array, segments: jax.Array) -> jax.Array:
+    """int32[B, T]: valid tokens before the start of each position's segment (all [B, T]; ``counted`` is
+    the running count of valid tokens, inclusive). Segments are contiguous runs, so the count at the
+    latest segment start is a running maximum."""
+    starts = jnp.concatenate([jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1)
+    return jax.lax.cummax(jnp.where(starts, counted - valid.astype(jnp.int32), 0), axis=1)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
@@ -172,6 +184,7 @@ class Transformer(nnx.Module):
         return_hidden: bool = False,
         kv_len: int | None = None,
         remat: bool = False,
+        segments: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | KVWindow | None]:
         """Logits f32[B, T, V] (or final hidden [B, T, d]) and the updated cache (None without one).
 
@@ -181,16 +194,21 @@ class Transformer(nnx.Module):
         back as a window; kv_len must then be None or its width.
         remat (static, no cache only): a gradient taken through this forward recomputes each block from
         its input instead of keeping the block's activations, the same numbers in less memory.
+        segments (no cache only): int32[B, T], see the module docstring.
         """
         valid = valid.astype(bool)
+        if segments is not None and cache is not None:
+            raise ValueError("segments (packed sequences) are for a forward without a cache")
         base = jnp.zeros(tokens.shape[:1], jnp.int32) if cache is None else cache.next_pos
-        positions = base[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-        positions = jnp.maximum(positions, 0)
+        counted = jnp.cumsum(valid, axis=1, dtype=jnp.int32)
+        if segments is not None:
+            counted = counted - segment_start_counts(counted, valid, segments)
+        positions = jnp.maximum(base[:, None] + counted - 1, 0)
         inv_freq = rope_inv_freq(self.cfg)
         x = self.embed(tokens)
 
         if cache is None:
-            attend = self._self_attend(valid)
+            attend = self._self_attend(valid, segments)
 
             def block(layer, x):
                 return layer(x, positions, inv_freq, attend)
@@ -210,13 +228,15 @@ class Transformer(nnx.Module):
             return hidden, new_cache
         return self.lm_logits(hidden), new_cache
 
-    def _self_attend(self, valid):
-        """attend(q, k, v) of a sequence to itself: causal, padding keys skipped."""
+    def _self_attend(self, valid, segments):
+        """attend(q, k, v) of a sequence to itself: causal, padding keys and other packed sequences skipped."""
         block, t = self.cfg.attention_block, valid.shape[1]
         if block and t > block:
-            return lambda q, k, v: causal_attention(q, k, v, valid, block)
+            return lambda q, k, v: causal_attention(q, k, v, valid, block, segments)
         # One block's worth of scores: materialising them costs no more memory than a block would.
         mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+        if segments is not None:
+            mask = mask & segment_mask(segments, segments)
         return lambda q, k, v: masked_attention(q, k, v, mask)
 
     def _cached_layers(self, x, positions, inv_freq, valid, cache: KVCache | KVWindow, kv_len):

@@ -64,15 +64,22 @@ def aggregate(
     mode: str = "token-mean",
     norm_length: float | None = None,
     sequence_mask: jax.Array | None = None,
+    segments: jax.Array | None = None,
 ) -> Weighted:
     """Aggregate per-token losses f32[B, L] over loss tokens ``mask`` bool[B, L] (see module doc).
 
     mode (static) is one of AGG_MODES; norm_length (static, default L) is the seq-mean-token-sum-norm
     horizon; sequence_mask bool[B] selects the rows that count as sequences (default all rows).
-    Tokens of rows outside ``sequence_mask`` are ignored in every mode.
+    Tokens of rows outside ``sequence_mask`` are ignored in every mode. segments int32[B, L]: several
+    sequences packed into each row (contiguous runs of one id, 0 = padding, ``rl/packing.py``); the
+    sequences are then those runs instead of the rows (and ``sequence_mask`` must be None).
     """
     if mode not in AGG_MODES:
         raise ValueError(f"Unknown loss_agg_mode {mode!r}; expected one of {AGG_MODES}.")
+    if segments is not None:
+        if sequence_mask is not None:
+            raise ValueError("aggregate: pass sequence_mask (rows as sequences) or segments (packed rows), not both")
+        return _aggregate_packed(_f32(loss_mat), jnp.asarray(mask, bool), mode, norm_length, segments)
     x = _f32(loss_mat)
     m = jnp.asarray(mask, bool)
     if sequence_mask is not None:
@@ -94,6 +101,34 @@ def aggregate(
         return Weighted(jnp.sum(token_sums), jnp.sum(rows))
     horizon = float(x.shape[-1] if norm_length is None else norm_length)
     return Weighted(jnp.sum(token_sums), jnp.sum(rows) * horizon)
+
+
+def _aggregate_packed(x: jax.Array, m: jax.Array, mode: str, norm_length: float | None,
+                      segments: jax.Array) -> Weighted:
+    """``aggregate`` over the sequences packed into rows: the same pairs, summed in another order.
+
+    Sequences are the runs of one non-zero id in ``segments``; a sequence's token mean divides each of
+    its loss tokens by its loss-token count n_s, read at every token from running counts (exact: they
+    are small integers).
+    """
+    masked = jnp.where(m, x, 0.0)
+    starts = jnp.concatenate([jnp.ones_like(m[:, :1]), segments[:, 1:] != segments[:, :-1]], axis=1)
+    ends = jnp.concatenate([segments[:, 1:] != segments[:, :-1], jnp.ones_like(m[:, :1])], axis=1)
+    first = starts & (segments != 0)  # one per sequence
+    if mode == "token-mean":
+        return Weighted(jnp.sum(masked), jnp.sum(_f32(m)))
+    if mode == "seq-mean-token-mean":
+        counted = jnp.cumsum(m, axis=1, dtype=jnp.int32)
+        before = jax.lax.cummax(jnp.where(starts, counted - m.astype(jnp.int32), 0), axis=1)
+        through = jax.lax.cummin(jnp.where(ends, counted, jnp.iinfo(jnp.int32).max), axis=1, reverse=True)
+        n_tok = _f32(through - before)  # loss tokens of the position's sequence
+        per_token = jnp.where(m, masked / jnp.where(n_tok > 0, n_tok, 1.0), 0.0)
+        return Weighted(jnp.sum(per_token), jnp.sum(_f32(first & (n_tok > 0))))
+    sequences = jnp.sum(_f32(first))
+    if mode == "seq-mean-token-sum":
+        return Weighted(jnp.sum(masked), sequences)
+    horizon = float(x.shape[-1] if norm_length is None else norm_length)
+    return Weighted(jnp.sum(masked), sequences * horizon)
 
 
 def token_entropy(logits: jax.Array) -> jax.Array:
@@ -188,19 +223,20 @@ def policy_loss(
     agg_mode: str = "token-mean",
     norm_length: float | None = None,
     sequence_mask: jax.Array | None = None,
+    segments: jax.Array | None = None,
 ) -> tuple[Weighted, dict[str, Weighted]]:
     """PPO clipped policy loss with clip-higher and dual clip, aggregated by ``agg_mode``.
 
-    logp, old_logp, advantages: f32[B, L]; mask: bool[B, L]. Returns (loss, aux) where aux holds
-    token-mean (sum, count) metrics: clipfrac (verl pg_clipfrac), clipfrac_upper, clipfrac_lower,
-    clipfrac_dual (verl pg_clipfrac_lower), approx_kl (verl ppo_kl = mean(old_logp - logp)),
+    logp, old_logp, advantages: f32[B, L]; mask: bool[B, L]; segments: packed sequences (``aggregate``).
+    Returns (loss, aux) where aux holds token-mean (sum, count) metrics: clipfrac (verl pg_clipfrac),
+    clipfrac_upper, clipfrac_lower, clipfrac_dual (verl pg_clipfrac_lower), approx_kl (verl ppo_kl = mean(old_logp - logp)),
     ratio_mean, advantage_mean. GRPO and PPO use the same loss (they differ in advantages and mode).
     """
     terms = ppo_token_losses(logp, old_logp, advantages, clip_low, clip_high, clip_c)
     m = jnp.asarray(mask, bool)
     if sequence_mask is not None:
         m = m & jnp.asarray(sequence_mask, bool)[:, None]
-    loss = aggregate(terms["loss"], m, agg_mode, norm_length)
+    loss = aggregate(terms["loss"], m, agg_mode, norm_length, segments=segments)
     aux = {
         "clipfrac": _token_mean(terms["clipped"], m),
         "clipfrac_upper": _token_mean(terms["clipped_upper"], m),
@@ -222,8 +258,9 @@ def value_loss(
     agg_mode: str = "token-mean",
     norm_length: float | None = None,
     sequence_mask: jax.Array | None = None,
+    segments: jax.Array | None = None,
 ) -> tuple[Weighted, dict[str, Weighted]]:
-    """Clipped value loss (verl ``compute_value_loss``), all f32[B, L]:
+    """Clipped value loss (verl ``compute_value_loss``), all f32[B, L] (segments: see ``aggregate``):
 
     v_clip = clip(vpreds, old_values - c, old_values + c)
     loss = 0.5 * agg(max((vpreds - R)^2, (v_clip - R)^2)).
@@ -236,7 +273,7 @@ def value_loss(
     m = jnp.asarray(mask, bool)
     if sequence_mask is not None:
         m = m & jnp.asarray(sequence_mask, bool)[:, None]
-    agg = aggregate(0.5 * jnp.maximum(l1, l2), m, agg_mode, norm_length)
+    agg = aggregate(0.5 * jnp.maximum(l1, l2), m, agg_mode, norm_length, segments=segments)
     aux = {"vf_clipfrac": _token_mean(l2 > l1, m), "vpred_mean": _token_mean(v, m)}
     return agg, aux
 
@@ -274,6 +311,7 @@ def actor_loss_terms(
     config: ActorLossConfig,
     ref_logp: jax.Array | None = None,
     sequence_mask: jax.Array | None = None,
+    segments: jax.Array | None = None,
 ) -> tuple[dict[str, Weighted], dict[str, Weighted]]:
     """The three separately-differentiable parts of the actor loss, each a Weighted pair:
 
@@ -281,14 +319,15 @@ def actor_loss_terms(
     entropy = -entropy_coeff * agg(H)   (the bonus, as a loss term);
     kl      = kl_coef * agg(KL(logp, ref_logp))  (zero pair with count of the task term when KL is off).
     All three share the same aggregation and mask, hence the same count, so they add to the total.
-    entropy: f32[B, L] full-vocabulary token entropy of the current policy. Returns (terms, aux).
+    entropy: f32[B, L] full-vocabulary token entropy of the current policy; segments: packed sequences
+    (``aggregate``). Returns (terms, aux).
     """
     task, aux = policy_loss(
         logp, old_logp, advantages, mask, config.clip_low, config.clip_high, config.clip_c,
-        config.agg_mode, config.norm_length, sequence_mask,
+        config.agg_mode, config.norm_length, sequence_mask, segments,
     )
     m = jnp.asarray(mask, bool)
-    ent = aggregate(entropy, m, config.agg_mode, config.norm_length, sequence_mask)
+    ent = aggregate(entropy, m, config.agg_mode, config.norm_length, sequence_mask, segments)
     terms = {"task": task, "entropy": Weighted(-config.entropy_coeff * ent.sum, ent.count)}
     rows_m = m if sequence_mask is None else m & jnp.asarray(sequence_mask, bool)[:, None]
     aux["entropy"] = _token_mean(entropy, rows_m)  # logged as a token mean whatever the agg mode
@@ -296,7 +335,7 @@ def actor_loss_terms(
         if ref_logp is None:
             raise ValueError("use_kl_loss=True needs ref_logp (reference-policy log-probs of the batch).")
         kl_mat = kl_penalty(logp, ref_logp, config.kl_type)
-        kl = aggregate(kl_mat, m, config.agg_mode, config.norm_length, sequence_mask)
+        kl = aggregate(kl_mat, m, config.agg_mode, config.norm_length, sequence_mask, segments)
         terms["kl"] = Weighted(config.kl_coef * kl.sum, kl.count)
         aux["kl"] = kl
     else:

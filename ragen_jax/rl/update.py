@@ -25,7 +25,8 @@ each a pure function of its inputs (shapes in their docstrings), and nothing els
                       unchanged by filtering). Then A <- A * w_g (soft reweight) * s (loss scaling), RAGEN's
                       order.
   update_critic       (GAE only) then update_actor, as RAGEN does; both use the values / advantages above.
-  update_actor        ``ppo_epochs`` x mini-batch slots (``lax.scan``), each mini-batch split into
+  update_actor        ``ppo_epochs`` x mini-batch slots (``lax.scan``), each mini-batch's rows packed into as
+                      few rows as hold them (``pack_rows``, rl/packing.py; empty micro-batches skipped) and split into
                       micro-batches (``lax.scan``) whose loss parts are (sum, count) ``Weighted`` pairs: the
                       gradient of each micro-batch's *sum* is accumulated and divided once by the mini-batch
                       count, so it equals the gradient of the whole mini-batch's loss. One optimizer step per
@@ -48,7 +49,8 @@ Metrics (float32 scalars; verl / RAGEN names where they exist):
   filter/{kept_groups,kept_ratio,zero_std_groups,kept_rows,empty,loss_scale}; rollout/* (RAGEN's filter
   log: in_group_reward_*, chosen_in_group_reward_*, filter_kept_count/ratio, filter_zero_count);
   update/minibatches_used, update/copied_rows, update/tokens (valid tokens the actor's forward and
-  backward ran over: the used rows x ppo_epochs), update/loss_tokens (loss tokens of the used rows),
+  backward ran over: the used rows x ppo_epochs), update/rows_run (rows of the bucket width those passes
+  ran: fewer than the used rows when packed), update/loss_tokens (loss tokens of the used rows),
   update/width (the bucket width the step ran at, see ``update_width``),
   update/nonfinite_skipped (actor + critic mini-batches whose step was skipped).
 
@@ -70,6 +72,7 @@ from flax import nnx
 
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.rl.optim import learning_rate
+from ragen_jax.rl.packing import pack_rows
 from ragen_jax.rl import advantages as adv_lib
 from ragen_jax.rl import filtering
 from ragen_jax.rl.losses import AGG_MODES, ActorLossConfig, Weighted, accumulate, actor_loss_terms, value_loss
@@ -103,6 +106,7 @@ class UpdateConfig:
     logprob_chunk: int = 128
     width_buckets: int = 8
     remat: bool = False
+    pack_rows: bool = True
     filter_metric: str = "reward_std"
     filter_strategy: str = "top_p"
     filter_value: float = 1.0
@@ -177,6 +181,7 @@ class UpdateConfig:
             logprob_chunk=int(alg.get("logprob_chunk", 128)),
             width_buckets=int(alg.get("width_buckets", 8)),
             remat=bool(alg.get("remat", False)),
+            pack_rows=bool(alg.get("pack_rows", True)),
             filter_metric=str(flt.metric), filter_strategy=str(flt.strategy), filter_value=float(flt.value),
             filter_top_p_mode=str(flt.top_p_mode), filter_include_zero=bool(flt.include_zero),
             filter_eps=float(flt.eps), filter_largest=bool(flt.largest), soft_reweight=bool(flt.soft_reweight),
@@ -378,7 +383,7 @@ def update_critic(cfg: UpdateConfig, graphdef, tx: optax.GradientTransformation,
     inputs = {"tokens": batch.tokens, "valid": batch.valid, "mask": batch.mask, "old_values": scores.values,
               "returns": advantages.returns}
     return _minibatch_loop(functools.partial(_critic_micro_loss, cfg, graphdef), tx, params, opt_state,
-                           _slots(inputs, cfg.mini_batch_size), n_used, cfg.ppo_epochs, cfg.micro_batch_size)
+                           _train_slots(cfg, inputs), n_used, cfg.ppo_epochs, cfg.micro_batch_size)
 
 
 def update_actor(cfg: UpdateConfig, graphdef, tx: optax.GradientTransformation, params, opt_state, batch: Batch,
@@ -389,8 +394,10 @@ def update_actor(cfg: UpdateConfig, graphdef, tx: optax.GradientTransformation, 
               "adv": advantages.adv}
     if cfg.actor_loss.use_kl_loss:
         inputs["ref_logp"] = scores.ref_logp
-    return _minibatch_loop(functools.partial(_actor_micro_loss, cfg, graphdef), tx, params, opt_state,
-                           _slots(inputs, cfg.mini_batch_size), n_used, cfg.ppo_epochs, cfg.micro_batch_size)
+    slots = _train_slots(cfg, inputs)
+    params, opt_state, stats = _minibatch_loop(functools.partial(_actor_micro_loss, cfg, graphdef), tx, params,
+                                               opt_state, slots, n_used, cfg.ppo_epochs, cfg.micro_batch_size)
+    return params, opt_state, {**stats, "rows_run": _rows_run(slots, n_used, cfg.micro_batch_size)}
 
 
 def update_metrics(cfg: UpdateConfig, sel: Selection, batch: Batch, scores: Scores, advantages: Advantages,
@@ -415,6 +422,22 @@ def update_metrics(cfg: UpdateConfig, sel: Selection, batch: Batch, scores: Scor
 def _slots(tree: dict, mini_batch_size: int) -> dict:
     """Leaves [R, ...] -> [R / mb, mb, ...] (one entry per mini-batch slot)."""
     return jax.tree.map(lambda x: x.reshape(x.shape[0] // mini_batch_size, mini_batch_size, *x.shape[1:]), tree)
+
+
+def _train_slots(cfg: UpdateConfig, inputs: dict) -> dict:
+    """The mini-batch slots the actor or critic trains on (leaves [R / mb, mb, L]); with ``pack_rows`` each
+    slot's rows packed into its first rows, plus ``"segments"`` (``rl/packing.py``)."""
+    slots = _slots(inputs, cfg.mini_batch_size)
+    return jax.vmap(pack_rows)(slots) if cfg.pack_rows else slots
+
+
+def _rows_run(slots: dict, n_used: jax.Array, micro: int) -> jax.Array:
+    """f32[]: rows one pass of forward and backward runs over: the used slots' micro-batches that hold a
+    token, times the micro-batch size (packed slots leave their last micro-batches empty)."""
+    micro_valid = _to_micro(jax.tree.map(lambda x: x.swapaxes(0, 1), slots["valid"]), micro)  # [mb/m, m, n, L]
+    holds = jnp.any(micro_valid, axis=(1, 3))  # [mb / micro, n_slots]
+    used = jnp.arange(holds.shape[1]) < n_used
+    return jnp.sum(holds & used[None, :]).astype(jnp.float32) * micro
 
 
 def _to_micro(tree, micro: int):
@@ -470,10 +493,11 @@ def _turn_end_mask(loss_mask: jax.Array, turn_ids: jax.Array) -> jax.Array:
 def _actor_micro_loss(cfg: UpdateConfig, graphdef, params, mb):
     """Sum-form actor loss of one micro-batch: L_pg - c_H agg(H) + c_KL agg(KL), as sums."""
     model = nnx.merge(graphdef, params)
+    segments = mb.get("segments")
     logp, entropy = sequence_logprobs(model, mb["tokens"], mb["valid"], cfg.temperature, cfg.logprob_chunk,
-                                      cfg.remat)
+                                      cfg.remat, segments)
     terms, aux = actor_loss_terms(logp, entropy, mb["old_logp"], mb["adv"], mb["mask"], cfg.actor_loss,
-                                  mb.get("ref_logp"))
+                                  mb.get("ref_logp"), segments=segments)
     total = terms["task"].sum + terms["entropy"].sum + terms["kl"].sum
     count = terms["task"].count
     kl = aux.get("kl", Weighted(jnp.zeros(()), count))
@@ -490,9 +514,10 @@ def _actor_micro_loss(cfg: UpdateConfig, graphdef, params, mb):
 def _critic_micro_loss(cfg: UpdateConfig, graphdef, params, mb):
     """Sum-form clipped value loss of one micro-batch (verl ``compute_value_loss``)."""
     critic = nnx.merge(graphdef, params)
-    vpreds = critic(mb["tokens"], mb["valid"], cfg.remat)
+    segments = mb.get("segments")
+    vpreds = critic(mb["tokens"], mb["valid"], cfg.remat, segments)
     loss, aux = value_loss(vpreds, mb["old_values"], mb["returns"], mb["mask"], cfg.value_clip,
-                           cfg.critic_loss_agg_mode, cfg.critic_norm_length)
+                           cfg.critic_loss_agg_mode, cfg.critic_norm_length, segments=segments)
     return loss.sum, (loss.count, {"vf_loss": loss}, aux)
 
 
@@ -518,6 +543,7 @@ def _batch_metrics(cfg: UpdateConfig, sel: Selection, batch: Batch, actor_stats:
         "update/minibatches_used": plan.num_minibatches.astype(jnp.float32),
         "update/copied_rows": jnp.sum(plan.is_copy).astype(jnp.float32),
         "update/tokens": jnp.sum(batch.valid & plan.active[:, None]).astype(jnp.float32) * cfg.ppo_epochs,
+        "update/rows_run": actor_stats["rows_run"] * cfg.ppo_epochs,
         "update/loss_tokens": jnp.sum(batch.mask).astype(jnp.float32),
         "update/width": jnp.asarray(batch.tokens.shape[1], jnp.float32),
         "update/nonfinite_skipped": actor_stats["nonfinite"] + critic_skipped,
@@ -573,11 +599,24 @@ def _zeros_like_shapes(tree):
 
 def _accumulate_micro(grad_fn: Callable, params, batch: dict, micro: int, shapes: _LossShapes):
     """Sum over the mini-batch's micro-batches (``lax.scan``) of grad(sum_loss), sum_loss, count and the loss
-    parts. batch leaves [mb, ...]; returns (grads f32 tree, loss_sum f32[], count f32[], per_mb, per_token)."""
+    parts. batch leaves [mb, ...]; returns (grads f32 tree, loss_sum f32[], count f32[], per_mb, per_token).
+    Packed rows (``"segments"`` in batch) leave their last micro-batches empty: those are skipped, as they
+    add exactly zero."""
+
+    def run(mb):
+        (loss_sum, (count, per_mb, per_tok)), grads = grad_fn(params, mb)
+        return loss_sum, count, per_mb, per_tok, grads
+
+    def skip(_):
+        return (jnp.zeros(()), jnp.zeros(()), _zeros_like_shapes(shapes.per_mb),
+                _zeros_like_shapes(shapes.per_token), _zeros_like_shapes(shapes.grads))
 
     def micro_step(carry, mb):
         grads_acc, loss_acc, count_acc, per_mb_acc, tok_acc = carry
-        (loss_sum, (count, per_mb, per_tok)), grads = grad_fn(params, mb)
+        if "segments" in mb:
+            loss_sum, count, per_mb, per_tok, grads = jax.lax.cond(jnp.any(mb["valid"]), run, skip, mb)
+        else:
+            loss_sum, count, per_mb, per_tok, grads = run(mb)
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
         return (grads_acc, loss_acc + loss_sum, count_acc + count, accumulate(per_mb_acc, per_mb),
                 accumulate(tok_acc, per_tok)), None
