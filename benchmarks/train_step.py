@@ -20,9 +20,11 @@ trained actor gives a batch whose stored log-probs are both sides' old log-probs
 grad clip 1.0, ``torch.set_num_threads(2)``) alternate ``--repeats`` times after one PyTorch warm-up.
 PyTorch gets each row compacted and right-padded to the batch's longest row (what a PyTorch trainer
 feeds its model); ours gets the rollout's rows as the trainer does and crops them to the longest row
-rounded up to a bucket width (``UpdateStep.fit_width``, ``algorithm.width_buckets``). Throughput = valid tokens of the batch (the same number on both sides) per second of
-update, median. Parity: PyTorch's log-probs of the batch before any update against the log-probs the
-sampler stored.
+rounded up to a bucket width (``UpdateStep.fit_width``, ``algorithm.width_buckets``) and packs each
+mini-batch's rows (``algorithm.pack_rows``); with packing on, the same update over one episode per row
+(``pack_rows=False``) alternates too. Throughput = valid tokens of the batch (the same number on every
+side) per second of update, median. Parity: PyTorch's log-probs of the batch before any update against
+the log-probs the sampler stored.
 
 tcmalloc is preloaded when present and ``OMP_WAIT_POLICY=PASSIVE`` is set (the script re-executes
 itself): PyTorch's OpenMP threads otherwise spin and slow everything when other processes share the
@@ -202,6 +204,11 @@ def main() -> None:
     apply_overrides(config, args.set)
     run, state = build_run(config)
     run, state = sharding.shard_run(run, state, sharding.make_mesh(config))
+    rows_step = None  # the same update over one episode per row, when the config packs
+    if config.algorithm.get("pack_rows", True):
+        rows_config = load_config_file(args.config)
+        apply_overrides(rows_config, [*args.set, "algorithm.pack_rows=False"])
+        rows_step = sharding.shard_run(*build_run(rows_config), sharding.make_mesh(rows_config))[0].update_step
     alg, r = config.algorithm, run.rollout_cfg
     micro = alg.micro_batch_size
     chunk = int(alg.get("logprob_chunk", 128))
@@ -259,13 +266,20 @@ def main() -> None:
                             eps=1e-8, weight_decay=config.optim.weight_decay)
     torch_update(model, opt, batch, alg.mini_batch_size, micro, r.temperature)  # warm-up
     # The two sides alternate, so that a change of load on the shared machine hits both alike.
-    jax_times, torch_times = [], []
+    jax_times, torch_times, rows_times = [], [], []
+    if rows_step is not None:  # its compile
+        state = jax.block_until_ready(rows_step(state, traj, jax.random.key(0))).state
     for i in range(args.repeats):
         result, dt = _timed(lambda: jax.block_until_ready(run.update_step(state, traj, jax.random.key(i))))
         state = result.state
         jax_times.append(dt)
+        rows_run = float(result.metrics["update/rows_run"])
         _, dt = _timed(lambda: torch_update(model, opt, batch, alg.mini_batch_size, micro, r.temperature))
         torch_times.append(dt)
+        if rows_step is not None:
+            result, dt = _timed(lambda: jax.block_until_ready(rows_step(state, traj, jax.random.key(i))))
+            state = result.state
+            rows_times.append(dt)
 
     jax_s, torch_s = statistics.median(jax_times), statistics.median(torch_times)
     jax_tps, torch_tps = valid_tokens / jax_s, valid_tokens / torch_s
@@ -291,6 +305,13 @@ def main() -> None:
     print(f"{'torch':<8}{batch_np['tokens'].shape[1]:>8}{torch_s:>12.2f}{torch_tps:>12.0f}")
     print(f"ratio (ours / torch tokens/s): {jax_tps / torch_tps:.2f}x; parity: max |torch log-prob - sampler "
           f"log-prob| on the {int(mask.sum())} generated tokens = {logp_gap:.2e}")
+    rows_side = None
+    if rows_step is not None:
+        rows_s = statistics.median(rows_times)
+        rows_side = {"width": int(ours_width), "steady_s": rows_s, "runs_s": rows_times,
+                     "tokens_per_s": valid_tokens / rows_s, "packed_over_rows": rows_s / jax_s}
+        print(f"packed: {rows_run:.0f} of {traj.tokens.shape[0]} rows run; the update over one episode per row "
+              f"takes {rows_s:.2f} s ({rows_s / jax_s:.2f}x the packed update's time)")
 
     result = {
         "benchmark": "train_step",
@@ -304,6 +325,7 @@ def main() -> None:
             "torch": {"width": int(batch_np["tokens"].shape[1]), "steady_s": torch_s, "runs_s": torch_times,
                       "tokens_per_s": torch_tps, "threads": torch.get_num_threads()},
             "ratio_ours_over_torch": jax_tps / torch_tps,
+            "ours_rows": rows_side, "ours_rows_run": rows_run,
             "parity_max_logprob_diff": logp_gap, "ours_includes_critic_update": with_critic,
         },
         "tcmalloc": TCMALLOC in os.environ.get("LD_PRELOAD", ""), "backend": jax.default_backend(),
