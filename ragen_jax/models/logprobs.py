@@ -79,7 +79,8 @@ def sequence_logprobs(
     ``Transformer.__call__`` (for gradients through this function; same values). segments: int32[B, L]
     or None, sequences packed into the rows (``Transformer.__call__``): "row" above then reads "sequence".
     """
-    hidden, _ = model(tokens, valid, return_hidden=True, remat=remat, segments=segments)
+    packed = {} if segments is None else {"segments": segments}  # a model without packing support still works
+    hidden, _ = model(tokens, valid, return_hidden=True, remat=remat, **packed)
     length = tokens.shape[1]
     index = jnp.arange(length)
     last_valid = jax.lax.cummax(jnp.where(valid, index, -1), axis=1)
