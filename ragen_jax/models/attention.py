@@ -135,6 +135,11 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Ar
     return out[:, :, :, :t]
 
 
+def segment_starts(segments: jax.Array) -> jax.Array:
+    """bool[B, T]: the first position of each run of one id in segments int32[B, T] (column 0 included)."""
+    return jnp.concatenate([jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1)
+
+
 def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
     """bool[B, T, S]: query t and key s belong to the same packed sequence (int32[B, T], int32[B, S])."""
     return query_segments[:, :, None] == key_segments[:, None, :]

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ragen_jax.models.attention import causal_attention, masked_attention, prefix_attention, segment_mask
+from ragen_jax.models.attention import (causal_attention, masked_attention, prefix_attention, segment_mask,
+                                        segment_starts)
 from ragen_jax.models.config import ModelConfig, RopeScaling
 from ragen_jax.models.kv_cache import KVCache, KVWindow, close_window, filled_columns, open_window
 
@@ -62,8 +63,7 @@ def segment_start_counts(counted: jax.Array, valid: jax.Array, segments: jax.Arr
     """int32[B, T]: valid tokens before the start of each position's segment (all [B, T]; ``counted`` is
     the running count of valid tokens, inclusive). Segments are contiguous runs, so the count at the
     latest segment start is a running maximum."""
-    starts = jnp.concatenate([jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1)
-    return jax.lax.cummax(jnp.where(starts, counted - valid.astype(jnp.int32), 0), axis=1)
+    return jax.lax.cummax(jnp.where(segment_starts(segments), counted - valid.astype(jnp.int32), 0), axis=1)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:

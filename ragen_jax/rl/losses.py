@@ -29,6 +29,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.models.attention import segment_starts
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 # verl's names and the short names used in papers / tunix.
 _KL_ALIASES = {"k1": "kl", "k2": "mse", "mse_kl": "mse", "k3": "low_var_kl"}
@@ -112,8 +114,8 @@ def _aggregate_packed(x: jax.Array, m: jax.Array, mode: str, norm_length: float 
     are small integers).
     """
     masked = jnp.where(m, x, 0.0)
-    starts = jnp.concatenate([jnp.ones_like(m[:, :1]), segments[:, 1:] != segments[:, :-1]], axis=1)
-    ends = jnp.concatenate([segments[:, 1:] != segments[:, :-1], jnp.ones_like(m[:, :1])], axis=1)
+    starts = segment_starts(segments)
+    ends = jnp.concatenate([starts[:, 1:], jnp.ones_like(m[:, :1])], axis=1)  # the next position starts a run
     first = starts & (segments != 0)  # one per sequence
     if mode == "token-mean":
         return Weighted(jnp.sum(masked), jnp.sum(_f32(m)))
@@ -229,8 +231,9 @@ def policy_loss(
 
     logp, old_logp, advantages: f32[B, L]; mask: bool[B, L]; segments: packed sequences (``aggregate``).
     Returns (loss, aux) where aux holds token-mean (sum, count) metrics: clipfrac (verl pg_clipfrac),
-    clipfrac_upper, clipfrac_lower, clipfrac_dual (verl pg_clipfrac_lower), approx_kl (verl ppo_kl = mean(old_logp - logp)),
-    ratio_mean, advantage_mean. GRPO and PPO use the same loss (they differ in advantages and mode).
+    clipfrac_upper, clipfrac_lower, clipfrac_dual (verl pg_clipfrac_lower), approx_kl (verl ppo_kl =
+    mean(old_logp - logp)), ratio_mean, advantage_mean. GRPO and PPO use the same loss (they differ in
+    advantages and mode).
     """
     terms = ppo_token_losses(logp, old_logp, advantages, clip_low, clip_high, clip_c)
     m = jnp.asarray(mask, bool)
