@@ -13,10 +13,10 @@ realistic decode shape and fail on
   attention (``attention_block=0``). On CPU the attended keys count once per query head of their key
   head: there a decode step's scores are one matrix-vector product per query head
   (``models.attention.query_key_scores``), which reads the keys G times and still runs 1.5-2.5x faster
-  than the one batched dot that reads them once. With key blocks (the default) the attention is a loop over the
-  filled blocks, whose body XLA's cost analysis counts once, so the count would be a lower bound
-  only; there each block's keys and values are sliced out (a block, under a quarter of the window
-  here), and the sampling tests check the result.
+  than the one batched dot that reads them once. With key blocks (the default) the attention is a
+  loop over the filled blocks, whose body XLA's cost analysis counts once, so the count would be a
+  lower bound only; there each block's keys and values are sliced out (a block, under a quarter of
+  the window here), and the sampling tests check the result.
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ def test_decode_step_copies_no_cache_and_reads_little_more_than_it_must(parts):
         return
     weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     key_reads = cfg.num_heads // cfg.num_kv_heads if jax.default_backend() == "cpu" else 1
-    attended = (key_reads + 1) * cfg.num_layers * _layer_slice_elements(cfg, width) * cfg.compute_dtype.itemsize
+    layer_bytes = _layer_slice_elements(cfg, width) * cfg.compute_dtype.itemsize
+    attended = (key_reads + 1) * cfg.num_layers * layer_bytes
     logits = B * cfg.vocab_size * 4
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
