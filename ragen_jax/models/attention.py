@@ -18,8 +18,12 @@ blocks of ``block`` tokens with an online softmax, skips the key blocks above th
 custom VJP recomputes each block's probabilities from the saved row log-sum-exp, so what it keeps is
 O(B H T D). Same numbers as ``masked_attention`` with the causal mask up to float32 rounding (the
 softmax is normalised per block and the sums run in a different order).
-With segment ids (sequences packed side by side in one row, ``rl/packing.py``) a query also skips the
-keys of every other sequence.
+With segment ids (sequences packed side by side in one row, ``rl/packing.py``; each sequence one
+contiguous run of its id) a query also skips the keys of every other sequence, and the block loops skip
+the blocks no row's sequences share: query block i starts at the key block holding the earliest start of
+a sequence it contains, key block j stops at the query block holding the latest end of a sequence it
+contains (``segment_block_bounds``). A skipped block is one whose every score is masked, so the result
+is the same to the bit.
 
 Forward (FlashAttention-2, Dao 2023, Algorithm 1), for query block i over key blocks j <= i:
     s = q_i k_j^T / sqrt(D), masked to -1e30
@@ -176,11 +180,31 @@ def _slice_t(x, start, size, axis):
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
+def segment_block_bounds(segments: jax.Array, block: int) -> tuple[jax.Array, jax.Array]:
+    """(first_key_block int32[n], end_query_block int32[n]) for segments int32[B, Tp] (Tp = n * block).
+
+    Query block i sees no key before block first_key_block[i]: the start of the run holding its first
+    query, the earliest over the rows (runs are contiguous, so later queries of the block start no
+    earlier). Key block j is seen by no query at or after block end_query_block[j]: one past the block
+    holding the end of the run of its last key, the latest over the rows.
+    """
+    t = segments.shape[1]
+    position = jnp.arange(t, dtype=jnp.int32)
+    starts = segment_starts(segments)
+    ends = jnp.concatenate([starts[:, 1:], jnp.ones_like(starts[:, :1])], axis=1)
+    run_start = jax.lax.cummax(jnp.where(starts, position, 0), axis=1)
+    run_end = jax.lax.cummin(jnp.where(ends, position, t - 1), axis=1, reverse=True)
+    first_key_block = jnp.min(run_start[:, ::block], axis=0) // block
+    end_query_block = jnp.max(run_end[:, block - 1::block], axis=0) // block + 1
+    return first_key_block.astype(jnp.int32), end_query_block.astype(jnp.int32)
+
+
 def _forward(q, k, v, key_valid, segments, block):
     """(out [B, K, G, Tp, D] in q's dtype, lse f32[B, K, G, Tp])."""
     n = q.shape[3] // block
+    first_key_block, _ = segment_block_bounds(segments, block)
 
-    def query_block(i):
+    def query_block(i, first):
         q_i = _slice_t(q, i * block, block, 3)
         seg_i = _slice_t(segments, i * block, block, 1)
         shape = q_i.shape[:-1]
@@ -199,10 +223,10 @@ def _forward(q, k, v, key_valid, segments, block):
 
         init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(q_i.shape, jnp.float32))
-        m, l, acc = jax.lax.fori_loop(0, i + 1, key_block, init)
+        m, l, acc = jax.lax.fori_loop(first, i + 1, key_block, init)
         return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)
 
-    out, lse = jax.lax.map(query_block, jnp.arange(n))  # [n, B, K, G, block, D], [n, B, K, G, block]
+    out, lse = jax.lax.map(lambda xs: query_block(*xs), (jnp.arange(n), first_key_block))  # [n, B, K, G, block, D], [n, B, K, G, block]
     out = jnp.moveaxis(out, 0, 3).reshape(q.shape)
     lse = jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1])
     return out, lse
@@ -224,8 +248,10 @@ def _blockwise_bwd(block, residuals, d_out):
     scale = 1.0 / math.sqrt(q.shape[-1])
     d_out = d_out.astype(jnp.float32)
     delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)  # [B, K, G, Tp]
+    _, end_query_block = segment_block_bounds(segments, block)
 
-    def key_block(dq, j):
+    def key_block(dq, xs):
+        j, end = xs
         k_j, v_j = _slice_t(k, j * block, block, 2), _slice_t(v, j * block, block, 2)
         valid_j = _slice_t(key_valid, j * block, block, 1)
         seg_j = _slice_t(segments, j * block, block, 1)
@@ -244,10 +270,10 @@ def _blockwise_bwd(block, residuals, d_out):
             return dk, dv, jax.lax.dynamic_update_slice_in_dim(dq, dq_i, i * block, axis=3)
 
         zeros = jnp.zeros(k_j.shape, jnp.float32)
-        dk, dv, dq = jax.lax.fori_loop(j, n, query_block, (zeros, zeros, dq))
+        dk, dv, dq = jax.lax.fori_loop(j, end, query_block, (zeros, zeros, dq))
         return dq, (dk, dv)
 
-    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(n))
+    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), (jnp.arange(n), end_query_block))
     dk = jnp.moveaxis(dk, 0, 2).reshape(k.shape)  # [n, B, K, block, D] -> [B, K, Tp, D]
     dv = jnp.moveaxis(dv, 0, 2).reshape(v.shape)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None

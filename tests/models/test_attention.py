@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax.models.attention import causal_attention, masked_attention, prefix_attention
+from ragen_jax.models.attention import segment_block_bounds, causal_attention, masked_attention, prefix_attention
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.transformer import Transformer
 from tests._tolerance import UNIT_ROUNDOFF, gamma, logit_tolerance
@@ -34,11 +34,14 @@ def _inputs(b, k, g, t, d, seed, hole_rate=0.3):
     return q, keys, values, valid, d_out
 
 
-def _exact(q, k, v, valid, d_out):
-    """float64 forward and backward of causal masked attention, and the bounds on a float32 evaluation."""
+def _exact(q, k, v, valid, d_out, segments=None):
+    """float64 forward and backward of causal masked attention (within each segment when given), and the
+    bounds on a float32 evaluation."""
     q, k, v, d_out = (x.astype(np.float64) for x in (q, k, v, d_out))
     t, d = q.shape[3], q.shape[4]
     mask = np.tril(np.ones((t, t), bool))[None] & valid[:, None, :]
+    if segments is not None:
+        mask = mask & (segments[:, :, None] == segments[:, None, :])
     scale = 1 / np.sqrt(d)
     s = np.einsum("bkgtd,bksd->bkgts", q, k) * scale
     s = np.where(mask[:, None, None], s, -1e30)
@@ -85,6 +88,52 @@ def test_blockwise_attention_and_its_gradients_equal_the_exact_attention(t, bloc
     np.testing.assert_array_less(np.abs(np.asarray(out, np.float64) - e_out) * seen, t_out + 1e-30)
     for got, want, tol in zip(grads, (e_dq, e_dk, e_dv), (t_dq, t_dk, t_dv)):
         np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), tol + 1e-30)
+
+
+def _packed_segments(b, t, seed):
+    """int32[B, T]: each row a few contiguous runs of ids 1, 2, ... of random lengths (boundaries differ
+    between rows), then a run of 0 (padding) to the end of some rows."""
+    rng = np.random.default_rng(seed)
+    segments = np.zeros((b, t), np.int32)
+    for row in range(b):
+        cuts = np.sort(rng.choice(np.arange(1, t), size=3, replace=False))
+        end = t if row % 2 else cuts[-1]
+        for i, (lo, hi) in enumerate(zip(np.r_[0, cuts[:-1]], np.r_[cuts[:-1], end])):
+            segments[row, lo:hi] = i + 1
+    return segments
+
+
+@pytest.mark.parametrize("t, block", [(61, 8), (64, 16), (50, 64)])
+def test_packed_blockwise_attention_and_its_gradients_equal_the_exact_attention(t, block):
+    """Sequences packed side by side: each query sees only its own run, and the blocks the loops skip
+    (no row's runs share them) change nothing."""
+    q, k, v, valid, d_out = _inputs(b=3, k=2, g=2, t=t, d=16, seed=t + block, hole_rate=0.1)
+    segments = _packed_segments(3, t, seed=t)
+    valid = valid & (segments > 0)
+    starts = np.concatenate([np.ones((3, 1), bool), segments[:, 1:] != segments[:, :-1]], axis=1)
+    valid[starts & (segments > 0)] = True  # every run's first query sees a key
+    d_out = d_out * valid[:, None, None, :, None]
+
+    def loss(q, k, v):
+        return jnp.sum(causal_attention(q, k, v, jnp.asarray(valid), block, jnp.asarray(segments)) * d_out)
+
+    out = jax.jit(causal_attention, static_argnums=4)(q, k, v, jnp.asarray(valid), block, jnp.asarray(segments))
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q, k, v)
+    (e_out, e_dq, e_dk, e_dv), (t_out, t_dq, t_dk, t_dv) = _exact(q, k, v, valid, d_out, segments)
+    np.testing.assert_array_less(np.abs(np.asarray(out, np.float64) - e_out) * valid[:, None, None, :, None],
+                                 t_out + 1e-30)
+    for got, want, tol in zip(grads, (e_dq, e_dk, e_dv), (t_dq, t_dk, t_dv)):
+        np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), tol + 1e-30)
+
+
+def test_the_block_loops_skip_only_blocks_no_row_shares():
+    # block 4; row 0: runs [0, 6) [6, 13) [13, 16); row 1: runs [0, 9) [9, 16)
+    segments = np.array([[1] * 6 + [2] * 7 + [3] * 3, [1] * 9 + [2] * 7], np.int32)
+    first_key_block, end_query_block = segment_block_bounds(jnp.asarray(segments), 4)
+    # query blocks start at positions 0, 4, 8, 12: their runs start at min(0, 0), min(0, 0), min(6, 0), min(6, 9)
+    np.testing.assert_array_equal(first_key_block, [0, 0, 0, 1])
+    # key blocks end at positions 3, 7, 11, 15: their runs end at max(5, 8), max(12, 8), max(12, 15), max(15, 15)
+    np.testing.assert_array_equal(end_query_block, [3, 4, 4, 4])
 
 
 @pytest.mark.parametrize("width, end, t, block", [(40, 17, 1, 8), (40, 17, 5, 16), (37, 30, 7, 16), (37, 0, 4, 64),
