@@ -16,6 +16,9 @@ def get_config(task: str = "frozen_lake"):
     spec.loader.exec_module(module)
     c = module.get_config("ppo")  # PPO: the critic's code paths too
     c.init = "random"
+    # No filter (RAGEN's base config): from random weights a group's rewards mostly tie, and a task config
+    # that filters (FrozenLake's) would leave most test steps with nothing to train on.
+    c.filter.value = 1.0
     c.model.overrides = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
                          "num_kv_heads": 2, "head_dim": 16}
     c.rollout.n_groups = 2

@@ -53,6 +53,7 @@ def two_step_config(gguf_path: str, run_dir: str):
     c.rollout.group_size = 2
     c.rollout.max_turns = 1
     c.rollout.max_new_tokens = 16
+    c.filter.value = 1.0  # no filter: the one group's two episodes may tie, and the update must still run
     c.algorithm.mini_batch_size = 2
     c.algorithm.micro_batch_size = 2
     c.optim.actor_lr = LR
