@@ -15,10 +15,10 @@ Where it differs from the other tasks' CPU defaults, each measured (README "Lear
 - The filter on (``filter.value`` 0.9; RAGEN's base config: 1.0, no filter). Groups whose 8 episodes all
   succeed or all fail (about half of them) have zero GRPO advantage; unfiltered, they cost half the
   update, and a mini-batch holding only such groups still makes a full Adam step, on the entropy bonus
-  alone. From the
-  same warm start, 40 RL steps add +0.086, +0.109, +0.102 on 256 validation episodes with the filter
-  (each beyond two standard errors; update 7.0-7.8 s per step, runs of 17.8-21.7 minutes) and +0.078,
-  +0.141, +0.074 without (one seed beyond; update 11.3-12.9 s, 22.7-25.9 minutes; README "Learning").
+  alone. From the same warm start, 40 RL steps add +0.086, +0.109, +0.102 on 256 validation episodes
+  with the filter (each beyond two standard errors; update 7.0-7.8 s per step, runs of 17.8-21.7
+  minutes) and +0.078, +0.141, +0.074 without (one seed beyond; update 11.3-12.9 s, 22.7-25.9 minutes;
+  README "Learning").
 - Rollouts at temperature 0.7 (``rollout.temperature``; RAGEN: 1.0) and actor lr 3e-5 (``optim.actor_lr``),
   as Countdown's and the bandit's: from the 600-step warm start, lr 1e-4 lowered validation success on
   every seed within 10 steps (0.45 / 0.43 / 0.45 -> 0.39 / 0.36 / 0.28).

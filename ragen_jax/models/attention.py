@@ -226,7 +226,8 @@ def _forward(q, k, v, key_valid, segments, block):
         m, l, acc = jax.lax.fori_loop(first, i + 1, key_block, init)
         return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)
 
-    out, lse = jax.lax.map(lambda xs: query_block(*xs), (jnp.arange(n), first_key_block))  # [n, B, K, G, block, D], [n, B, K, G, block]
+    # [n, B, K, G, block, D], [n, B, K, G, block]
+    out, lse = jax.lax.map(lambda xs: query_block(*xs), (jnp.arange(n), first_key_block))
     out = jnp.moveaxis(out, 0, 3).reshape(q.shape)
     lse = jnp.moveaxis(lse, 0, 3).reshape(q.shape[:-1])
     return out, lse

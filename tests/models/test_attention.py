@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax.models.attention import segment_block_bounds, causal_attention, masked_attention, prefix_attention
+from ragen_jax.models.attention import (causal_attention, masked_attention, prefix_attention,
+                                        segment_block_bounds)
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.transformer import Transformer
 from tests._tolerance import UNIT_ROUNDOFF, gamma, logit_tolerance
