@@ -151,6 +151,10 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.mi.trajectory = True
     c.mi.ema_decay = 0.9
     c.mi.std_eps = 1e-3
+    # The cross-scoring runs at the sampled prompts' and reasonings' real widths rounded up to one of
+    # this many evenly spaced widths of the static ones (compiles once per width pair met); 1 = always
+    # the static widths (one compile per strategy, every call pays for the padding).
+    c.mi.width_buckets = 8
 
     c.trainer = ml_collections.ConfigDict()
     c.trainer.total_steps = 400

@@ -84,10 +84,11 @@ def crop_to_real_widths(
         raise ValueError(f"width_buckets must be >= 1; got {width_buckets}.")
     prompt_width, reasoning_width = real_widths(x_valid, z_valid, width_buckets)
     prompt_len, reasoning_len = x_valid.shape[1], z_valid.shape[1]
+    # Cropped on the host: slicing device arrays op by op compiles a small program per new width.
     if prompt_width < prompt_len:
-        x_tokens, x_valid = x_tokens[:, prompt_len - prompt_width:], x_valid[:, prompt_len - prompt_width:]
+        x_tokens, x_valid = (host_copy(a)[:, prompt_len - prompt_width:] for a in (x_tokens, x_valid))
     if reasoning_width < reasoning_len:
-        z_tokens, z_valid = z_tokens[:, :reasoning_width], z_valid[:, :reasoning_width]
+        z_tokens, z_valid = (host_copy(a)[:, :reasoning_width] for a in (z_tokens, z_valid))
     return x_tokens, x_valid, z_tokens, z_valid
 
 
@@ -271,6 +272,7 @@ def naive_cross_score(
     )
 
 
+@functools.partial(jax.jit, static_argnames=("std_eps", "ema_decay"))
 def pair_metrics(
     logp_sum: jax.Array,
     logp_mean: jax.Array,
@@ -280,7 +282,8 @@ def pair_metrics(
     ema_decay: float = EMA_DECAY,
 ) -> tuple[dict[str, jax.Array], MarginalStdEma]:
     """The MI metrics of cross-scored ``pairs`` and the updated EMA: every key of `mi_metrics` and
-    `mi_metrics_with_ema`, plus `num_truncated` and `num_inconsistent` from the sampling (see `MIPairs`)."""
+    `mi_metrics_with_ema`, plus `num_truncated` and `num_inconsistent` from the sampling (see `MIPairs`).
+    One jitted program per matrix shape (std_eps and ema_decay are static)."""
     metrics = mi_metrics(
         logp_sum, logp_mean, pairs.true_col, pairs.col_signature, std_eps,
         row_valid=pairs.row_valid, col_valid=pairs.col_valid,

@@ -26,10 +26,14 @@ In both, columns whose prompt tokens are identical get the same signature (equiv
 accuracy only). Packed outputs: prompts are right-aligned (left-padded) in [N, prompt_len], so every
 prompt ends at the last slot; reasonings are left-aligned in [M, reasoning_len]. Tokens that do not
 fit are dropped (a prompt keeps its most recent tokens) and counted in `num_truncated`.
+
+Both strategies are jitted (one program per batch shape and static size): run op by op, their few
+dozen small operations would each compile on first use, seconds of every training process's start.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -151,6 +155,7 @@ def prompt_signatures(x_tokens: jax.Array, x_valid: jax.Array, col_valid: jax.Ar
     return jnp.where(col_valid, first, jnp.arange(num_cols)).astype(jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnames=("num_samples", "num_groups", "prompt_len", "reasoning_len"))
 def sample_first_turn_pairs(
     key: jax.Array,
     tokens: jax.Array,
@@ -213,6 +218,7 @@ def sample_first_turn_pairs(
     )
 
 
+@functools.partial(jax.jit, static_argnames=("num_samples", "max_turns", "prompt_len", "reasoning_len"))
 def sample_trajectory_pairs(
     key: jax.Array,
     tokens: jax.Array,

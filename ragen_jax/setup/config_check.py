@@ -287,6 +287,8 @@ def _check_schedule(config: Mapping) -> None:
         raise ConfigError(f"config.trainer.checkpoint_every={config.trainer.checkpoint_every} must be >= 1")
     if config.mi.enabled and config.mi.every < 1:
         raise ConfigError(f"config.mi.every={config.mi.every} must be >= 1 (or set config.mi.enabled=False)")
+    if config.mi.width_buckets < 1:
+        raise ConfigError(f"config.mi.width_buckets={config.mi.width_buckets} must be >= 1 (1 = the static widths)")
 
 
 def _check_compile_cache(config: Mapping) -> None:

@@ -160,7 +160,7 @@ def mi_diagnostics(run: Run, state: TrainState, traj, key) -> tuple[dict[str, fl
         pairs = mi_pairs(run, traj, jax.random.fold_in(key, i), name)
         label = MI_STRATEGIES[name]
         out, ema[label] = score_pairs(model, pairs, ema[label], run.rollout_cfg.temperature, std_eps=cfg.mi.std_eps,
-                                      ema_decay=cfg.mi.ema_decay)
+                                      ema_decay=cfg.mi.ema_decay, width_buckets=cfg.mi.width_buckets)
         metrics.update({f"{label}/{k2}": v for k2, v in out.items()})
     return metrics, ema
 

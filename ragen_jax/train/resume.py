@@ -43,7 +43,7 @@ RESUME_FREE_KEYS = (
     "compile_cache.",  # where compiled programs are cached, not what they compute
     # how the update lays out its arrays and its backward pass: the same numbers up to float rounding
     "algorithm.width_buckets", "algorithm.remat", "model.overrides.attention_block", "algorithm.micro_batch_size",
-    "algorithm.pack_rows",
+    "algorithm.pack_rows", "mi.width_buckets",
 )
 # EarlyStop fields that are thresholds (taken from the resumed config) rather than counters.
 EARLY_STOP_THRESHOLDS = ("baseline_steps", "window", "ratio", "low_val_success", "low_val_patience",

@@ -35,4 +35,7 @@ def get_config(task: str = "frozen_lake"):
     c.validation.episodes = 2
     c.mi.every = 2
     c.mi.num_samples = 4
+    # One cross-scoring program per strategy: a few-step run meets a new width bucket at almost every
+    # MI step, each a compile of seconds (tests/diagnostics/test_mi_width.py covers the buckets).
+    c.mi.width_buckets = 1
     return c
