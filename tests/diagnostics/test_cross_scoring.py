@@ -193,7 +193,8 @@ SHARDED_SCRIPT = textwrap.dedent(
 @pytest.mark.slow  # a fresh process with 4 host devices: about 25 s of CPU for its compiles
 def test_sharded_over_data_axis_equals_single_device():
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     result = subprocess.run(
