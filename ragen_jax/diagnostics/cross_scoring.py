@@ -82,13 +82,15 @@ def crop_to_real_widths(
     whatever the alignment (a left-aligned prompt array, say, is just not cropped)."""
     if width_buckets < 1:
         raise ValueError(f"width_buckets must be >= 1; got {width_buckets}.")
+    # Cropped on the host (the masks are read there anyway): slicing device arrays op by op compiles a
+    # small program per new width.
+    x_valid, z_valid = host_copy(x_valid), host_copy(z_valid)
     prompt_width, reasoning_width = real_widths(x_valid, z_valid, width_buckets)
     prompt_len, reasoning_len = x_valid.shape[1], z_valid.shape[1]
-    # Cropped on the host: slicing device arrays op by op compiles a small program per new width.
     if prompt_width < prompt_len:
-        x_tokens, x_valid = (host_copy(a)[:, prompt_len - prompt_width:] for a in (x_tokens, x_valid))
+        x_tokens, x_valid = host_copy(x_tokens)[:, prompt_len - prompt_width:], x_valid[:, prompt_len - prompt_width:]
     if reasoning_width < reasoning_len:
-        z_tokens, z_valid = (host_copy(a)[:, :reasoning_width] for a in (z_tokens, z_valid))
+        z_tokens, z_valid = host_copy(z_tokens)[:, :reasoning_width], z_valid[:, :reasoning_width]
     return x_tokens, x_valid, z_tokens, z_valid
 
 

@@ -19,6 +19,7 @@ from ragen_jax.diagnostics.mi import init_mi_ema_state, mi_metrics
 from ragen_jax.diagnostics.mi_sampling import sample_trajectory_pairs
 from ragen_jax.models.config import get_preset
 from ragen_jax.models.transformer import Transformer
+from tests._subprocess import device_env
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -192,13 +193,8 @@ SHARDED_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow  # a fresh process with 4 host devices: about 25 s of CPU for its compiles
 def test_sharded_over_data_axis_equals_single_device():
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     result = subprocess.run(
         [sys.executable, "-c", SHARDED_SCRIPT.format(small=SMALL)],
-        env=env, capture_output=True, text=True, timeout=600, cwd=REPO,
+        env=device_env(4), capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     assert result.returncode == 0 and "SHARDED_OK" in result.stdout, result.stderr[-3000:]
