@@ -32,6 +32,7 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.sft = ml_collections.ConfigDict()
     c.sft.demos = 1024  # demonstration episodes (seeds far from the training and validation seeds)
     c.sft.noisy_fraction = 0.3  # share of episodes with one random suboptimal turn
+    c.sft.no_reasoning_fraction = 0.0  # share of episodes whose responses leave the reasoning out ("</think><answer>..")
     c.sft.steps = 120  # AdamW steps (tiny preset, FrozenLake: about 5 min on 2 CPU cores)
     c.sft.batch_size = 16  # whole episodes per step
     c.sft.micro_batch_size = 4  # episodes per forward / backward pass (same gradient up to rounding, a quarter of the memory)

@@ -146,6 +146,27 @@ def test_countdown_and_bandit_demos():
             assert episode.responses[0].startswith(f"{high} is high-risk")
 
 
+def test_demos_without_reasoning_keep_the_actions_and_the_noisy_draws(lake_writer, lake_demos):
+    """no_reasoning_fraction leaves the reasoning out of the drawn episodes' responses, nothing else: the
+    actions, rewards and outcome are the reasoned demonstration's, and the noisy draws are unchanged."""
+    seeds = demo_seeds(8, 6_000_000)
+    episodes = lake_writer.write(seeds, noisy_fraction=1.0, rng_seed=1, no_reasoning_fraction=0.5)
+    assert 0 < sum(not e.reasoned for e in episodes) < len(episodes)
+    for with_reasoning, episode in zip(lake_demos["noisy"], episodes):
+        assert (episode.actions, episode.rewards, episode.success, episode.noisy_turn) == (
+            with_reasoning.actions, with_reasoning.rewards, with_reasoning.success, with_reasoning.noisy_turn)
+        assert all(episode.format_ok)
+        if episode.reasoned:
+            assert episode.responses == with_reasoning.responses
+        else:
+            assert all(text.startswith("</think><answer>") for text in episode.responses)
+            assert [RESPONSE.match(t).group(2) for t in episode.responses] == [
+                RESPONSE.match(t).group(2) for t in with_reasoning.responses]
+    assert demo_stats(episodes)["no_reasoning_episodes"] == sum(not e.reasoned for e in episodes)
+    with pytest.raises(ValueError, match="no_reasoning_fraction"):
+        lake_writer.write(seeds[:1], no_reasoning_fraction=2.0)
+
+
 # ------------------------------------------------------------------------------------------------------
 # Noisy demonstrations: valid format, truthful reasoning, re-planned afterwards
 # ------------------------------------------------------------------------------------------------------

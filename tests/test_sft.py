@@ -131,6 +131,10 @@ def test_bad_settings_raise_clear_errors():
     with pytest.raises(ValueError, match="noisy_fraction"):
         DemoWriter(FrozenLake(), None, TOK, RolloutConfig(max_new_tokens=96, prompt_style="compact")).write(
             demo_seeds(1), noisy_fraction=1.5)
+    config = get_config()
+    config.sft.no_reasoning_fraction = -0.1
+    with pytest.raises(ValueError, match=r"sft.no_reasoning_fraction must be in \[0, 1\]"):
+        sft.SFTSettings.from_config(config)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -153,7 +157,7 @@ def test_key_covers_the_settings_that_change_the_warm_start(tmp_path):
     assert key.startswith("frozen_lake-")
     changes = [("sft", "steps", 3), ("sft", "noisy_fraction", 0.5), ("env", "prompt_style", "ragen"),
                ("model", "preset", "qwen2.5-0.5b"), ("rollout", "max_new_tokens", 128), ("sft", "seed", 1),
-               ("sft", "bucket", 64)]
+               ("sft", "bucket", 64), ("sft", "no_reasoning_fraction", 0.5)]
     for group, name, value in changes:
         other = cache_config(tmp_path)
         setattr(other if group is None else other[group], name, value)
@@ -168,6 +172,9 @@ def test_key_covers_the_settings_that_change_the_warm_start(tmp_path):
     other.sft.cache_dir = str(tmp_path / "elsewhere")
     other.seed = 7  # the RL seed: every RL seed starts from the same warm start
     other.sft.micro_batch_size = 2  # the same gradient up to rounding
+    assert sft.warm_start_key(other) == key
+    # At 0 the setting writes what was written before it existed: older warm starts keep their key.
+    del other.sft["no_reasoning_fraction"]
     assert sft.warm_start_key(other) == key
 
 

@@ -14,6 +14,9 @@ ones. With probability ``noisy_fraction`` an episode gets one noisy turn (drawn 
 turns the solver's first plan needs): its first action is a random valid action other than the
 solver's (preferring ones that keep the episode solvable), the rest of that turn and every later turn
 come from the solver again; the reasoning still describes the state and the chosen actions truthfully.
+With probability ``no_reasoning_fraction`` (drawn independently) every response of an episode leaves the
+reasoning out ("</think><answer>...</answer>"): the same actions, decided without the written steps, so a
+warm start can hold two ways of answering whose success differs and RL has a choice to learn.
 
 Token layout (``ragen_jax.rollout.layout``, full-history context), built from the same pieces:
 
@@ -57,7 +60,8 @@ class DemoEpisode:
     tokens: int32[L]; loss_mask: bool[L] (the response tokens); turn_ids: int32[L] (0-based turn of
     every token). Per turn: prompt_lengths, response_lengths (tokens), responses (text), actions (the
     answer pieces), rewards (env turn rewards), format_ok (the device parse's verdict).
-    noisy_turn: the turn with the random action, -1 for a clean episode.
+    noisy_turn: the turn with the random action, -1 for a clean episode. reasoned: False when the
+    responses leave the reasoning out.
     """
 
     seed: int
@@ -72,6 +76,7 @@ class DemoEpisode:
     format_ok: tuple[bool, ...]
     success: bool
     noisy_turn: int
+    reasoned: bool = True
 
     @property
     def length(self) -> int:
@@ -144,24 +149,32 @@ class DemoWriter:
         self._turn = jax.jit(jax.vmap(turn_one))
 
     def write(
-        self, seeds: Sequence[int], noisy_fraction: float = 0.0, rng_seed: int = 0, chunk: int = 256
+        self, seeds: Sequence[int], noisy_fraction: float = 0.0, rng_seed: int = 0, chunk: int = 256,
+        no_reasoning_fraction: float = 0.0,
     ) -> list[DemoEpisode]:
-        """One demonstration per seed (in order). noisy_fraction: probability of a noisy episode."""
-        if not 0.0 <= noisy_fraction <= 1.0:
-            raise ValueError(f"noisy_fraction must be in [0, 1], got {noisy_fraction}; set sft.noisy_fraction.")
+        """One demonstration per seed (in order). noisy_fraction: probability of a noisy episode;
+        no_reasoning_fraction: probability of an episode whose responses leave the reasoning out."""
+        for name, value in (("noisy_fraction", noisy_fraction), ("no_reasoning_fraction", no_reasoning_fraction)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}; set sft.{name}.")
         seeds = [int(s) for s in seeds]
         rng = np.random.default_rng(rng_seed)
+        # A stream of its own, so the noisy draws (and every warm start built without this setting) stay as they were.
+        unreasoned = np.random.default_rng([rng_seed, 1]).random(len(seeds)) < no_reasoning_fraction
         out: list[DemoEpisode] = []
         width = min(chunk, max(len(seeds), 1))
         for start in range(0, len(seeds), width):
             part = seeds[start:start + width]
             # Every chunk has the same number of rows (the last one padded), so reset and step compile once.
-            padded = part + [part[-1]] * (width - len(part))
-            out += self._write_chunk(padded, noisy_fraction, rng)[: len(part)]
+            pad = width - len(part)
+            padded = part + [part[-1]] * pad
+            reasoned = np.concatenate([~unreasoned[start:start + width], np.ones((pad,), bool)])
+            out += self._write_chunk(padded, noisy_fraction, rng, reasoned)[: len(part)]
         return out
 
     # ------------------------------------------------------------------------------------------------
-    def _write_chunk(self, seeds: list[int], noisy_fraction: float, rng: np.random.Generator) -> list[DemoEpisode]:
+    def _write_chunk(self, seeds: list[int], noisy_fraction: float, rng: np.random.Generator,
+                     reasoned: np.ndarray) -> list[DemoEpisode]:
         cfg, tok = self.config, self.tokenizer
         b, width = len(seeds), cfg.max_new_tokens
         states, step_bases = self._reset(jnp.asarray(seeds, jnp.int32))
@@ -174,7 +187,7 @@ class DemoWriter:
             lengths = np.zeros((b,), np.int32)
             host_states = jax.device_get(states)
             for i in np.flatnonzero(active):
-                ids = self._demo_turn(rows[i], _row(host_states, i), t, t == noisy_turn[i], rng)
+                ids = self._demo_turn(rows[i], _row(host_states, i), t, t == noisy_turn[i], rng, bool(reasoned[i]))
                 tokens[i, : len(ids)] = ids
                 lengths[i] = len(ids)
             new_states, reward, done, succ, ok, n_valid = jax.device_get(
@@ -201,7 +214,7 @@ class DemoWriter:
                 turn_ids=np.asarray(r.turn, np.int32), prompt_lengths=tuple(r.prompt_lengths),
                 response_lengths=tuple(r.response_lengths), responses=tuple(r.responses),
                 actions=tuple(r.actions), rewards=tuple(r.rewards), format_ok=tuple(r.format_ok),
-                success=bool(success[i]), noisy_turn=int(noisy_turn[i]),
+                success=bool(success[i]), noisy_turn=int(noisy_turn[i]), reasoned=bool(reasoned[i]),
             )
             for i, r in enumerate(rows)
         ]
@@ -218,13 +231,16 @@ class DemoWriter:
                 noisy_turn[i] = rng.integers(min(turns_needed, self.config.max_turns))
         return noisy_turn
 
-    def _demo_turn(self, row: "_Building", host: Any, t: int, noisy: bool, rng: np.random.Generator) -> list[int]:
-        """Turn ``t`` of one episode: the policy's response to the state ``host``, appended to ``row`` after
-        the turn's prompt; returns the response's token ids."""
+    def _demo_turn(self, row: "_Building", host: Any, t: int, noisy: bool, rng: np.random.Generator,
+                   reasoned: bool = True) -> list[int]:
+        """Turn ``t`` of one episode: the policy's response to the state ``host`` (without its reasoning
+        unless ``reasoned``), appended to ``row`` after the turn's prompt; returns the response's token ids."""
         cfg, tok, layer, chat = self.config, self.tokenizer, self.layer, self.chat
         width = cfg.max_new_tokens
         left = int(self.env.max_actions_per_episode(self.env_params)) - int(host.time)
         choice = self.policy.turn(host, self.env_params, min(cfg.max_actions_per_turn, max(left, 1)), noisy, rng)
+        if not reasoned:
+            choice = dataclasses.replace(choice, reasoning="")
         text = response_text(choice)
         ids = tok.encode(text)
         if len(ids) > width:
@@ -265,6 +281,7 @@ def demo_stats(episodes: Sequence[DemoEpisode]) -> dict[str, float]:
     lengths = [e.length for e in episodes]
     clean = [e for e in episodes if e.noisy_turn < 0]
     noisy = [e for e in episodes if e.noisy_turn >= 0]
+    unreasoned = [e for e in episodes if not e.reasoned]
     mean = lambda xs: float(np.mean(xs)) if len(xs) else 0.0  # noqa: E731
     return {
         "episodes": float(len(episodes)),
@@ -272,6 +289,7 @@ def demo_stats(episodes: Sequence[DemoEpisode]) -> dict[str, float]:
         "success": mean([e.success for e in episodes]),
         "clean_success": mean([e.success for e in clean]),
         "noisy_success": mean([e.success for e in noisy]),
+        "no_reasoning_episodes": float(len(unreasoned)),
         "turns": mean([e.num_turns for e in episodes]),
         "first_prompt_tokens": mean(first),
         "later_prompt_tokens": mean(later),

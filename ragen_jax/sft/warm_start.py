@@ -4,7 +4,8 @@ RL from random weights cannot discover a text format, so the embedded default (t
 with the character tokenizer) starts RL from a policy trained by supervised learning on
 demonstrations (``ragen_jax.sft.demos``): solver actions with reasoning that states the facts they depend
 on, plus a share ``sft.noisy_fraction`` of episodes with one random suboptimal turn, so the warm start
-is good but not perfect and RL has room to improve.
+is good but not perfect and RL has room to improve (and a share ``sft.no_reasoning_fraction`` whose
+responses leave the reasoning out: a second, weaker way of answering for RL to learn to drop).
 
 Training (``train_sft``): ``sft.demos`` demonstration episodes in the rollout's exact token layout;
 ``sft.steps`` AdamW steps (global-norm clip 1.0, weight decay 0.01, linear warm-up over the first 10%
@@ -94,13 +95,15 @@ class SFTSettings:
     seed: int = 0
     bucket: int = BUCKET
     micro_batch_size: int = DEFAULT_MICRO_BATCH
+    no_reasoning_fraction: float = 0.0
 
     @classmethod
     def from_config(cls, config: Any) -> "SFTSettings":
         s = config.sft
         out = cls(int(s.demos), float(s.noisy_fraction), int(s.steps), int(s.batch_size), float(s.lr),
                   int(s.get("val_episodes", DEFAULT_VAL_EPISODES)), int(s.get("seed", 0)),
-                  int(s.get("bucket", BUCKET)), int(s.get("micro_batch_size", DEFAULT_MICRO_BATCH)))
+                  int(s.get("bucket", BUCKET)), int(s.get("micro_batch_size", DEFAULT_MICRO_BATCH)),
+                  float(s.get("no_reasoning_fraction", 0.0)))
         for name in ("demos", "steps", "batch_size", "bucket", "micro_batch_size"):
             if getattr(out, name) < 1:
                 raise ValueError(f"sft.{name} must be >= 1, got {getattr(out, name)}")
@@ -109,6 +112,9 @@ class SFTSettings:
                              f"({out.batch_size})")
         if not out.lr > 0:
             raise ValueError(f"sft.lr must be > 0, got {out.lr}")
+        for name in ("noisy_fraction", "no_reasoning_fraction"):
+            if not 0.0 <= getattr(out, name) <= 1.0:
+                raise ValueError(f"sft.{name} must be in [0, 1], got {getattr(out, name)}")
         if out.val_episodes < 0:
             raise ValueError(f"sft.val_episodes must be >= 0 (0 skips validation), got {out.val_episodes}")
         return out
@@ -143,7 +149,8 @@ def build_parts(config: Any) -> Parts:
 
 def write_demos(parts: Parts, settings: SFTSettings, seed: int) -> list[DemoEpisode]:
     writer = DemoWriter(parts.env, parts.env_params, parts.tokenizer, parts.rollout)
-    return writer.write(demo_seeds(settings.demos), settings.noisy_fraction, rng_seed=seed)
+    return writer.write(demo_seeds(settings.demos), settings.noisy_fraction, rng_seed=seed,
+                        no_reasoning_fraction=settings.no_reasoning_fraction)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -353,6 +360,9 @@ def _plain(value: Any) -> Any:
 def warm_start_key(config: Any) -> str:
     """"<env>-<16 hex digits>": a hash of every setting that changes the warm start."""
     sft = {k: v for k, v in _plain(config.sft).items() if k not in ("cache_dir", "micro_batch_size")}
+    # At 0 it writes the demonstrations it wrote before it existed: warm starts built then keep their key.
+    if not sft.get("no_reasoning_fraction"):
+        sft.pop("no_reasoning_fraction", None)
     material = {
         "version": FORMAT_VERSION,
         "env": {"name": config.env.name, "prompt_style": config.env.prompt_style,
