@@ -12,6 +12,10 @@ all samples:
   steps_true          the response has worked steps and every one is arithmetically true
   success_steps_true  / success_steps_false: success with all steps true / with a false step (or none)
   consistent          the answer equals the result of the last worked step
+  no_steps            the reasoning has no worked step (e.g. a warm start with sft.no_reasoning_fraction
+                      answering without it); success_no_steps: such a response that succeeds
+  with_unit           the answer is a number followed by a word ("17 stickers", the noisy demonstrations'
+                      form, which the exact-match check counts as wrong)
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ragen_jax import api  # noqa: E402
 from train_step import apply_overrides  # noqa: E402
 
 STEP = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
+WITH_UNIT = re.compile(r"^-?\d+ [A-Za-z]+$")
 RESPONSE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.S)
 
 
@@ -41,7 +46,8 @@ def step_is_true(left: str, op: str, right: str, result: str) -> bool:
 
 
 def diagnose(policy: api.Policy, batches: int) -> dict[str, float]:
-    counts = dict(success=0, steps_true=0, success_steps_true=0, success_steps_false=0, consistent=0)
+    counts = dict(success=0, steps_true=0, success_steps_true=0, success_steps_false=0, consistent=0, no_steps=0,
+                  success_no_steps=0, with_unit=0)
     n = 0
     for key in range(batches):
         traj = api.rollout(policy, key)
@@ -56,6 +62,9 @@ def diagnose(policy: api.Policy, batches: int) -> dict[str, float]:
             counts["success_steps_true"] += ok and true
             counts["success_steps_false"] += ok and not true
             counts["consistent"] += bool(steps) and steps[-1][3] == match.group(2).strip()
+            counts["no_steps"] += not steps
+            counts["success_no_steps"] += ok and not steps
+            counts["with_unit"] += bool(match and WITH_UNIT.match(match.group(2).strip()))
     return {"samples": n, **{k: v / n for k, v in counts.items()}}
 
 

@@ -379,6 +379,14 @@ def test_demonstrations_are_solved_by_the_env(tmp_path):
         assert episode.responses[0].endswith(f"= {answer}.</think><answer>{answer}</answer>")
     noisy = writer.write(demo_seeds(8), noisy_fraction=1.0)
     assert all(not e.success and e.rewards == (0.0,) and e.format_ok == (True,) for e in noisy)
+    # A generated question names its unit: the noisy answer is the right number with it, after the same reasoning.
+    for with_unit, right in zip(noisy, clean):
+        reasoning, _, answer = right.responses[0].partition("</think><answer>")
+        number = answer.removesuffix("</answer>")
+        unit = with_unit.responses[0].removeprefix(f"{reasoning}</think><answer>{number} ").removesuffix("</answer>")
+        assert unit.isalpha() and with_unit.responses[0] == f"{reasoning}</think><answer>{number} {unit}</answer>"
+        state = env.reset_env(env_keys(jnp.int32(right.seed))[0], params)[1]
+        assert f"How many {unit} " in item_table(params).questions[int(state.item)]
     file_params = MathQAParams(data_path=write_gsm8k(tmp_path))
     file_demos = DemoWriter(env, file_params, TOK, config).write(demo_seeds(4))
     assert all(e.success for e in file_demos)
