@@ -110,6 +110,9 @@ class TextEnv(environment.Environment):
     default_max_response_tokens: int = 100
     # Whether the system prompt lists the actions (RAGEN: envs whose config has an action_lookup).
     list_actions_in_system: bool = True
+    # Raised when the env's demonstrations change in a way its params do not capture: it enters the
+    # supervised warm start's cache key (above 1 only, so the keys of the other envs stay as they are).
+    demo_format: int = 1
 
     # ----- contract pieces each env provides -------------------------------------------------------
     def instruction_text(self, params: Any, style: str) -> str:

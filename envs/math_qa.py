@@ -115,6 +115,7 @@ class MathQA(TextEnv):
     reward_decimals = 2
     default_max_response_tokens = 100
     list_actions_in_system = False
+    demo_format = 2  # the noisy demonstration of a generated problem answers with the question's unit
 
     @property
     def default_params(self) -> MathQAParams:

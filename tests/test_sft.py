@@ -151,7 +151,7 @@ def cache_config(tmp_path) -> ml_collections.ConfigDict:
     return c
 
 
-def test_key_covers_the_settings_that_change_the_warm_start(tmp_path):
+def test_key_covers_the_settings_that_change_the_warm_start(tmp_path, monkeypatch):
     base = cache_config(tmp_path)
     key = sft.warm_start_key(base)
     assert key.startswith("frozen_lake-")
@@ -168,6 +168,9 @@ def test_key_covers_the_settings_that_change_the_warm_start(tmp_path):
     other = cache_config(tmp_path)
     other.model.overrides.hidden_size = 128
     assert sft.warm_start_key(other) != key
+    monkeypatch.setattr(FrozenLake, "demo_format", 2)  # the env's demonstrations changed
+    assert sft.warm_start_key(cache_config(tmp_path)) != key
+    monkeypatch.undo()
     other = cache_config(tmp_path)
     other.sft.cache_dir = str(tmp_path / "elsewhere")
     other.seed = 7  # the RL seed: every RL seed starts from the same warm start

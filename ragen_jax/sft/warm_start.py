@@ -21,7 +21,7 @@ lengths rounded up to a multiple of ``sft.bucket`` tokens), so the jitted step (
 compiles once per bucket and short episodes do not pay for long ones.
 
 Cache (``build_warm_start``): ``sft.cache_dir/<env>-<hash>/`` where the hash covers everything that
-changes the result (env name and params, prompt style, max actions per turn, max turns and response
+changes the result (env name, params and demonstration format (``TextEnv.demo_format``), prompt style, max actions per turn, max turns and response
 width, chat template, model preset, overrides and dtype, tokenizer, every ``sft.*`` setting but the cache dir
 and the micro-batch size, which changes the result only by float rounding: sft.seed included, the RL seed
 not). It holds ``checkpoint/`` (orbax, the parameters), ``sft_metrics.json`` (training curve,
@@ -54,6 +54,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from envs.registry import REGISTRY
 from ragen_jax.models.logprobs import sequence_logprobs
 from ragen_jax.models.transformer import Transformer
 from ragen_jax.parallel.distributed import nonfinite_leaves
@@ -372,6 +373,9 @@ def warm_start_key(config: Any) -> str:
         "model_overrides": model_overrides(config),
         "sft": sft,  # includes sft.seed; the RL seed does not change the warm start
     }
+    demo_format = getattr(REGISTRY.get(config.env.name), "demo_format", 1)
+    if demo_format != 1:
+        material["demo_format"] = demo_format
     digest = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return f"{config.env.name}-{digest}"
 
