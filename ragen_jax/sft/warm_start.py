@@ -5,7 +5,7 @@ with the character tokenizer) starts RL from a policy trained by supervised lear
 demonstrations (``ragen_jax.sft.demos``): solver actions with reasoning that states the facts they depend
 on, plus a share ``sft.noisy_fraction`` of episodes with one random suboptimal turn, so the warm start
 is good but not perfect and RL has room to improve (and a share ``sft.no_reasoning_fraction`` whose
-responses leave the reasoning out: a second, weaker way of answering for RL to learn to drop).
+responses leave the reasoning out: a second way of answering, for RL to choose between the two).
 
 Training (``train_sft``): ``sft.demos`` demonstration episodes in the rollout's exact token layout;
 ``sft.steps`` AdamW steps (global-norm clip 1.0, weight decay 0.01, linear warm-up over the first 10%
