@@ -12,7 +12,9 @@ STUDY (RAGEN-2, arXiv 2604.06268):
   predictors  Spearman / Pearson (bootstrap 95 % CI) of each MI- and entropy-family metric with validation
               success over every (run, validation step) of the other studies (fig10); runs nothing
   collapse    a strong entropy bonus (algorithm.entropy_coeff=0.01, ten times the paper's collapsing 0.003;
-              it rewards diversity whatever the input) with no filter vs top-p 0.9 linear, sokoban, 2 seeds (fig7)
+              it rewards diversity whatever the input) with no filter vs top-p 0.9 linear, sokoban, 2 seeds (fig7);
+              and the same two with a reward that ignores the input (algorithm.train_reward=coin, a fair coin
+              per episode: coin_no_filter, coin_top_p_linear), the induced collapse
   gradients   a sokoban run with every checkpoint kept, then benchmarks/reproduce_gradients.py: task / entropy /
               KL gradient norms by reward-std bucket at each checkpoint (fig12)
   all         the four training studies, then predictors and the report
@@ -27,6 +29,8 @@ the (validation, predictor) points and the MI / entropy curves of the runs so fa
 README "Learning", and a run takes about 6 minutes on 2 cores); each study's JSON records its tasks and holds
 the runs of its last invocation. A run with the same flags as a finished run of another study (the top-p
 sweep's p=1.0 and p=0.9) is not trained twice: its ``<name>.args.json`` next to the log says what it ran.
+
+``--conditions A B``: only those conditions of the study (its JSON then holds those runs).
 
 ``--quick``: tests/configs/small.py's tiny model and batches, 4 steps, 1 seed: a smoke test of the
 tooling (minutes for ``all``); its numbers are no reproduction, and it keeps its runs, results and report
@@ -106,8 +110,11 @@ def study_runs(study: str, seeds: list[int] | None, task: str | None = None) -> 
         return grid("top_p", ("sokoban",), sweep, [0, 1])
     if study == "collapse":
         strong_entropy = ("algorithm.entropy_coeff=0.01",)
+        coin = ("algorithm.train_reward=coin",)
         return grid("collapse", ("sokoban",), {"no_filter": (*strong_entropy, *NO_FILTER),
-                                              "top_p_linear": (*strong_entropy, *TOP_P_LINEAR)}, [0, 1])
+                                              "top_p_linear": (*strong_entropy, *TOP_P_LINEAR),
+                                              "coin_no_filter": (*strong_entropy, *coin, *NO_FILTER),
+                                              "coin_top_p_linear": (*strong_entropy, *coin, *TOP_P_LINEAR)}, [0, 1])
     if study == "gradients":
         return grid("gradients", ("sokoban",), {"no_filter": (*NO_FILTER, *GRADIENT_CHECKPOINTS)}, [0])
     raise ValueError(f"study {study!r} has no runs")
@@ -201,7 +208,14 @@ def write_json(path: Path, data: dict) -> None:
 
 def run_study(study: str, a, runner=run_command) -> dict:
     """Run (or resume) a training study, writing its results JSON after every run."""
-    specs = study_runs(study, a.seeds or ([0] if a.quick else None), a.task)[: a.limit]
+    specs = study_runs(study, a.seeds or ([0] if a.quick else None), a.task)
+    if a.conditions:
+        known = sorted({s.condition for s in specs})
+        unknown = sorted(set(a.conditions) - set(known))
+        if unknown:
+            raise SystemExit(f"{study} has no condition(s) {unknown}; its conditions are {known}")
+        specs = [s for s in specs if s.condition in a.conditions]
+    specs = specs[: a.limit]
     out_dir = Path(a.out_dir).resolve()
     result = {"study": study, "quick": a.quick, "command": " ".join(["python benchmarks/reproduce.py", *sys.argv[1:]]),
               "platform": platform.platform(), "cpu_count": os.cpu_count(), "extra_overrides": a.set,
@@ -250,6 +264,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny model, 4 steps, 1 seed: a smoke test, not a reproduction")
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="replace every study's seeds")
     p.add_argument("--limit", type=int, default=None, help="run only the first N runs of each study")
+    p.add_argument("--conditions", nargs="+", default=None, metavar="NAME",
+                   help="run only these conditions of the study (e.g. collapse: no_filter coin_no_filter)")
     p.add_argument("--task", choices=sorted(TASKS), default=None,
                    help="run every study on this task instead of its own (countdown: the CPU default RL improves)")
     # --quick has its own defaults: a finished quick run must never be skipped as a finished full one,

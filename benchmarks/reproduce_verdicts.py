@@ -87,17 +87,21 @@ COLLAPSE_ENTROPY = "collapse_trajectory_sample/conditional_entropy_est"
 def collapse_checks(runs: Sequence[Mapping]) -> list[Check]:
     """Unfiltered: MI (retrieval accuracy) falls beyond the spread while the conditional entropy does not,
     one check (an entropy that holds shows nothing when MI holds too); filtered: the final MI exceeds the
-    unfiltered run's beyond the spread (template collapse, fig7)."""
+    unfiltered run's beyond the spread (template collapse, fig7). The same two checks for the runs that
+    learn from a coin (``coin_`` conditions) when the study holds them."""
     checks = []
-    mi0, mi1 = A.curve_ends(runs, "no_filter", COLLAPSE_MI)
-    h0, h1 = A.curve_ends(runs, "no_filter", COLLAPSE_ENTROPY)
-    if mi0 and h0:
-        mi_fell, h_fell = _outcome(mi1, mi0, "loss"), _outcome(h1, h0, "loss")
-        collapsed = None if mi_fell is None or h_fell is None else mi_fell and not h_fell
-        checks.append(("no_filter: retrieval accuracy falls while the conditional entropy does not", collapsed))
-    _, f1 = A.curve_ends(runs, "top_p_linear", COLLAPSE_MI)
-    if f1 and mi1:
-        checks.append(("final retrieval accuracy: top_p_linear > no_filter", _outcome(f1, mi1, "gain")))
+    for prefix in ("", "coin_"):
+        unfiltered, filtered = f"{prefix}no_filter", f"{prefix}top_p_linear"
+        mi0, mi1 = A.curve_ends(runs, unfiltered, COLLAPSE_MI)
+        h0, h1 = A.curve_ends(runs, unfiltered, COLLAPSE_ENTROPY)
+        if mi0 and h0:
+            mi_fell, h_fell = _outcome(mi1, mi0, "loss"), _outcome(h1, h0, "loss")
+            collapsed = None if mi_fell is None or h_fell is None else mi_fell and not h_fell
+            checks.append((f"{unfiltered}: retrieval accuracy falls while the conditional entropy does not",
+                           collapsed))
+        _, f1 = A.curve_ends(runs, filtered, COLLAPSE_MI)
+        if f1 and mi1:
+            checks.append((f"final retrieval accuracy: {filtered} > {unfiltered}", _outcome(f1, mi1, "gain")))
     return checks
 
 

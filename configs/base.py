@@ -100,6 +100,9 @@ def get_config(algorithm: str = "") -> ml_collections.ConfigDict:
     c.algorithm.clip_ratio_high = 0.28
     c.algorithm.clip_ratio_c = 3.0  # dual clip
     c.algorithm.entropy_coeff = 0.001
+    # The reward the update learns from: "env", or "coin", a fair coin per episode that ignores the input
+    # (the induced template-collapse control of benchmarks/reproduce.py; ragen_jax/rl/train_reward.py).
+    c.algorithm.train_reward = "env"
     c.algorithm.use_kl_loss = False
     c.algorithm.kl_coeff = 0.001
     c.algorithm.kl_type = "low_var_kl"  # kl (k1) | mse (k2) | low_var_kl (k3)

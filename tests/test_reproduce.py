@@ -164,6 +164,14 @@ def test_collapse_and_gradient_verdicts():
     held = [_run("sokoban", c, s, 0.3, "collapse", curves((1.0, 1.0), (1.0, 1.0 + 0.01 * s)))
             for c in ("no_filter", "top_p_linear") for s in range(2)]
     assert V.verdict(V.collapse_checks(held)) == "not reproduced"  # no collapse: MI and entropy both hold
+    # The coin runs (a reward that ignores the input) are checked on their own: here they collapse, the
+    # real-reward runs do not.
+    coin = [_run("sokoban", "coin_no_filter", s, 0.0, "collapse", curves((1.0, 0.3 + 0.01 * s), (1.0, 1.2)))
+            for s in range(2)]
+    checks = dict(V.collapse_checks(held + coin))
+    assert checks["coin_no_filter: retrieval accuracy falls while the conditional entropy does not"] is True
+    assert checks["no_filter: retrieval accuracy falls while the conditional entropy does not"] is False
+    assert not any("coin_top_p_linear" in what for what in checks)  # not run: no check
     probe = {"step": 1, **{f"grad_norm/bucket_{i}/task": float(i) for i in range(1, 7)},
              **{f"grad_norm/bucket_{i}/entropy": 2.0 + 0.01 * (i % 2) for i in range(1, 7)}}
     trend = A.gradient_trend([probe], "task")
@@ -210,7 +218,9 @@ def test_study_runs_cover_the_issue():
     top_p = reproduce.study_runs("top_p", None)
     assert {r.condition for r in top_p} == {"p=1.0", "p=0.98", "p=0.9", "p=0.6"} and len(top_p) == 8
     collapse = reproduce.study_runs("collapse", [5])
-    assert len(collapse) == 2 and all("algorithm.entropy_coeff=0.01" in r.overrides and r.seed == 5 for r in collapse)
+    assert len(collapse) == 4 and all("algorithm.entropy_coeff=0.01" in r.overrides and r.seed == 5 for r in collapse)
+    assert [("algorithm.train_reward=coin" in r.overrides, r.condition.removeprefix("coin_")) for r in collapse] == [
+        (False, "no_filter"), (False, "top_p_linear"), (True, "no_filter"), (True, "top_p_linear")]
     args = reproduce.config_args(collapse[0], quick=True, extra=["rollout.temperature=0.7"])
     assert args[0] == "--config=tests/configs/small.py:sokoban" and "--config.seed=5" in args
     assert args.index("--config.trainer.total_steps=4") < args.index("--config.rollout.temperature=0.7")
@@ -242,6 +252,25 @@ def test_a_finished_run_is_skipped(tmp_path):
     assert saved["quick"] and saved["seeds"] == [0] and len(saved["runs"]) == 2
     assert saved["runs"][0]["val_curve"] == [[0, 0.25], [2, 0.5]] and saved["runs"][0]["wall_s"] == 3.0
     assert saved["runs"][0]["points"][0]["actor/entropy"] == 1.0
+
+
+def test_conditions_pick_runs_of_the_study_and_an_unknown_one_names_the_known(tmp_path):
+    calls = []
+
+    def fake_runner(args, log):
+        calls.append(next(a for a in args if a.startswith("--config.run_dir=")))
+        run_dir = Path(calls[-1].split("=", 1)[1])
+        _write_metrics(run_dir, [{"step": 0, "val/success": 0.25}])
+        log.write_text(json.dumps({"run_dir": str(run_dir), "wall_time_s": 1.0}, indent=2) + "\n")
+
+    argv = ["collapse", "--task", "countdown", "--out-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "r")]
+    result = reproduce.run_study("collapse", reproduce.parse_args([*argv, "--conditions", "no_filter", "coin_no_filter"]),
+                                 runner=fake_runner)
+    assert [r["name"] for r in result["runs"]] == ["countdown-no_filter-seed0", "countdown-coin_no_filter-seed0",
+                                                   "countdown-no_filter-seed1", "countdown-coin_no_filter-seed1"]
+    assert "--config.algorithm.train_reward=coin" in result["runs"][1]["args"]
+    with pytest.raises(SystemExit, match="its conditions are"):
+        reproduce.run_study("collapse", reproduce.parse_args([*argv, "--conditions", "coin"]), runner=fake_runner)
 
 
 def test_a_task_replaces_every_studys_task():

@@ -38,14 +38,15 @@ def test_pad_right_and_overflow_error():
         pad_right([[1, 2, 3, 4]], 3, 0, "block")
 
 
-def test_finalize_reward_placement_and_summaries():
-    # Two rows, L = 8, T = 2. Row 0: prompt(2) resp(2) prompt(1) resp(1); row 1: one turn.
+def two_row_batch():
+    """Two rows, L = 8, T = 2. Row 0: prompt(2) resp(2) prompt(1) resp(1), rewards 1.0 + 0.5 - 0.1;
+    row 1: one turn, a format penalty of -0.1. Numpy arrays (finalize's host form)."""
     loss = np.array([[0, 0, 1, 1, 0, 1, 0, 0], [0, 1, 1, 1, 0, 0, 0, 0]], bool)
     valid = np.array([[1] * 6 + [0, 0], [1] * 4 + [0] * 4], bool)
     turn_rewards = np.array([[1.0, 0.5], [0.0, 0.0]], np.float32)
     penalties = np.array([[0.0, -0.1], [-0.1, 0.0]], np.float32)
     active = np.array([[1, 1], [1, 0]], bool)
-    t = finalize(
+    return finalize(
         tokens=np.arange(16).reshape(2, 8), valid=valid, loss_mask=loss, logprobs=np.zeros((2, 8)),
         entropy=np.zeros((2, 8)), turn_ids=np.array([[0, 0, 0, 0, 1, 1, 1, 1], [0] * 8]),
         reasoning_mask=np.zeros((2, 8), bool), prompt_spans=np.zeros((2, 2, 2)), turn_active=active,
@@ -54,6 +55,10 @@ def test_finalize_reward_placement_and_summaries():
         response_lengths=np.array([[2, 1], [3, 0]]), success=np.array([True, False]), group_ids=np.array([0, 0]),
         seeds=np.array([5, 5]), episode_ids=np.array([0, 1]), sample_turn=np.array([-1, -1]), xp=np,
     )
+
+
+def test_finalize_reward_placement_and_summaries():
+    t = two_row_batch()
     np.testing.assert_allclose(t.episode_reward, [1.4, -0.1], atol=1e-6)
     np.testing.assert_array_equal(t.last_token, [5, 3])
     expected = np.zeros((2, 8), np.float32)

@@ -109,6 +109,14 @@ class Trajectories:
             raise ValueError(f"crop width must be in [1, {self.seq_len}], got {width}")
         return self.replace(**{name: getattr(self, name)[:, :width] for name in TOKEN_FIELDS})
 
+    def with_episode_reward(self, episode_reward: jax.Array) -> "Trajectories":
+        """The same batch learning from other episode rewards f32[R]: ``episode_reward`` and ``reward_tokens``
+        replaced (placed at each row's last generated token, as ``finalize`` places the env's); the per-turn
+        rewards, penalties and ``success`` stay the env's."""
+        episode_reward = jnp.asarray(episode_reward, jnp.float32)
+        return self.replace(episode_reward=episode_reward,
+                            reward_tokens=_reward_tokens(episode_reward, self.last_token, self.seq_len, jnp))
+
     def to_numpy(self) -> "Trajectories":
         return jax.tree.map(np.asarray, self)
 
@@ -122,6 +130,12 @@ class Trajectories:
         tokens = np.asarray(self.tokens)[i]
         mask = np.asarray(self.loss_mask)[i] & (np.asarray(self.turn_ids)[i] == turn)
         return tokenizer.decode([int(t) for t in tokens[mask]])
+
+
+def _reward_tokens(episode_reward, last_token, length: int, xp: Any = jnp):
+    """f32[R, L]: each row's episode reward at its last generated token, 0 elsewhere."""
+    positions = xp.arange(length)
+    return xp.where(positions[None, :] == last_token[:, None], episode_reward[:, None], 0.0).astype(xp.float32)
 
 
 def finalize(
@@ -160,7 +174,7 @@ def finalize(
     positions = xp.arange(length)
     episode_reward = (xp.sum(turn_rewards, axis=1) + xp.sum(turn_penalties, axis=1)).astype(xp.float32)
     last_token = xp.max(xp.where(loss_mask, positions[None, :], -1), axis=1).astype(xp.int32)
-    reward_tokens = xp.where(positions[None, :] == last_token[:, None], episode_reward[:, None], 0.0)
+    reward_tokens = _reward_tokens(episode_reward, last_token, length, xp)
     return Trajectories(
         tokens=tokens.astype(xp.int32),
         valid=valid,
@@ -169,7 +183,7 @@ def finalize(
         entropy=entropy.astype(xp.float32),
         turn_ids=xp.where(valid, turn_ids, -1).astype(xp.int32),
         reasoning_mask=reasoning_mask,
-        reward_tokens=reward_tokens.astype(xp.float32),
+        reward_tokens=reward_tokens,
         prompt_spans=prompt_spans.astype(xp.int32),
         turn_active=turn_active,
         turn_rewards=turn_rewards.astype(xp.float32),

@@ -34,6 +34,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.name": ("ppo", "grpo", "drgrpo", "dapo", "rloo"),
     "algorithm.adv_estimator": ("gae", "grpo", "rloo"),
     "algorithm.kl_type": ("kl", "mse", "low_var_kl"),
+    "algorithm.train_reward": ("env", "coin"),
     "algorithm.loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
     "filter.metric": ("reward_std", "reward_var", "reward_mean", "reward_sum"),
     "filter.strategy": ("top_p", "top_k", "top_k_abs", "min_p"),

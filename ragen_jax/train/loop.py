@@ -47,6 +47,7 @@ from ragen_jax.parallel import distributed, sharding
 from ragen_jax.rl.filtering import check_finite_rewards
 from ragen_jax.rl.optim import make_optimizer
 from ragen_jax.rl.state import TrainState
+from ragen_jax.rl.train_reward import train_reward
 from ragen_jax.rl.update import UpdateConfig, make_update_step
 from ragen_jax.rollout.fused import Rollout
 from ragen_jax.rollout.host_stepped import HostRollout
@@ -228,7 +229,9 @@ def training_step(run: Run, state: TrainState, step: int, base_key) -> tuple[Tra
         metrics["timing/mi_s"] = time.time() - t1
 
     t2 = time.time()
-    result = run.update_step(state, traj, k_upd)  # filter -> plan -> score -> advantages -> critic, actor
+    # The coin's key is folded from the step's own, so runs with the env's reward keep their keys.
+    learned = train_reward(traj, jax.random.fold_in(k_upd, 1), config.algorithm.train_reward)
+    result = run.update_step(state, learned, k_upd)  # filter -> plan -> score -> advantages -> critic, actor
     _block(result.metrics)
     metrics["timing/update_s"] = time.time() - t2
     metrics.update(result.metrics)
