@@ -27,10 +27,13 @@ def coin_rewards(traj: Trajectories, key: jax.Array) -> Trajectories:
     return traj.with_episode_reward(coin)
 
 
-def train_reward(traj: Trajectories, key: jax.Array, source: str) -> Trajectories:
-    """The batch the update learns from: ``traj`` itself for ``"env"``, its coin version for ``"coin"``."""
+def train_reward(traj: Trajectories, update_key: jax.Array, source: str) -> Trajectories:
+    """The batch the update learns from: ``traj`` itself for ``"env"``, its coin version for ``"coin"``.
+
+    update_key: the step's update key. The coin's key is folded from it here, so the update's own draws
+    are those of a run with the env's reward, and a run with the env's reward does no extra work."""
     if source == "env":
         return traj
     if source == "coin":
-        return coin_rewards(traj, key)
+        return coin_rewards(traj, jax.random.fold_in(update_key, 1))
     raise ValueError(f"algorithm.train_reward must be one of {TRAIN_REWARDS}, got {source!r}")

@@ -229,8 +229,7 @@ def training_step(run: Run, state: TrainState, step: int, base_key) -> tuple[Tra
         metrics["timing/mi_s"] = time.time() - t1
 
     t2 = time.time()
-    # The coin's key is folded from the step's own, so runs with the env's reward keep their keys.
-    learned = train_reward(traj, jax.random.fold_in(k_upd, 1), config.algorithm.train_reward)
+    learned = train_reward(traj, k_upd, config.algorithm.train_reward)
     result = run.update_step(state, learned, k_upd)  # filter -> plan -> score -> advantages -> critic, actor
     _block(result.metrics)
     metrics["timing/update_s"] = time.time() - t2
